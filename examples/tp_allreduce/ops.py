@@ -1,0 +1,67 @@
+"""A tensor-parallel all-reduce custom op with several equivalent implementations.
+
+``tp_demo::all_reduce(x, group_name)`` sums ``x`` over the ranks of a process group.
+Its implementations cost genuinely different amounts: one all-reduce; a
+reduce-scatter followed by an all-gather; the same all-reduce cut into chunks; and,
+on CUDA, the symmetric-memory one-shot and two-shot kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+
+
+fc = torch.ops._c10d_functional
+
+
+@torch.library.custom_op("tp_demo::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out, group=torch._C._distributed_c10d._resolve_process_group(group_name))
+    return out
+
+
+@all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+
+
+def reduce_scatter_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    size = torch._C._distributed_c10d._resolve_process_group(group_name).size()
+    shard = fc.wait_tensor(fc.reduce_scatter_tensor(x.reshape(-1), "sum", size, group_name))
+    return fc.wait_tensor(fc.all_gather_into_tensor(shard, size, group_name)).view_as(x)
+
+
+def chunked_all_reduce(x: torch.Tensor, group_name: str, chunks: int = 4) -> torch.Tensor:
+    return torch.cat(
+        [fc.wait_tensor(fc.all_reduce(c, "sum", group_name)) for c in x.chunk(chunks)]
+    )
+
+
+def symm_mem_one_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.ops.symm_mem.one_shot_all_reduce(x, "sum", group_name)
+
+
+def symm_mem_two_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = x.clone()
+    torch.ops.symm_mem.two_shot_all_reduce_(out, "sum", group_name)
+    return out
+
+
+def register(device: str) -> list[str]:
+    """Register the implementations for autotuning; returns their names."""
+    configs = [
+        CustomOpConfig(one_all_reduce),
+        CustomOpConfig(reduce_scatter_all_gather),
+        CustomOpConfig(chunked_all_reduce, chunks=4),
+    ]
+    if device == "cuda":
+        configs += [CustomOpConfig(symm_mem_one_shot), CustomOpConfig(symm_mem_two_shot)]
+    register_custom_op_autotuning(all_reduce, configs=configs)
+    return [repr(c) for c in configs]
