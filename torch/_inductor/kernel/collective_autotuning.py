@@ -82,6 +82,52 @@ def collective_autotune_records() -> list[CollectiveAutotuneRecord]:
 # -- detection -------------------------------------------------------------------
 
 
+def guard_graph_caches(op: Any) -> None:
+    """Turn off the FX graph and AOTAutograd caches once a collective op is tuned.
+
+    Those caches are looked up by each rank alone, before lowering: a rank with a
+    warm cache would skip the autotuning session that its cold peers wait for, and
+    run the implementation it cached while they fall back to the default one. No
+    hook between the lookup and lowering can reconcile that, so a process that
+    autotunes collective ops compiles its graphs afresh (on every rank alike), unless
+    ``collective_benchmark_keep_graph_caches`` says all ranks' caches hold the same.
+    Called when an op is registered for autotuning (recognised by its name or a
+    process-group argument) and again when lowering finds collectives in its choices.
+    """
+    if _names_a_collective(op):
+        _disable_graph_caches(op)
+
+
+def _disable_graph_caches(op: Any) -> None:
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
+    if config.collective_benchmark_keep_graph_caches:
+        return
+    if config.fx_graph_cache or functorch_config.enable_autograd_cache:
+        config.fx_graph_cache = False
+        functorch_config.enable_autograd_cache = False
+        _warn_once(
+            f"{_op_name(op)} is autotuned as a collective op: the FX graph and "
+            "AOTAutograd caches are off in this process so that every rank takes part "
+            "in its autotuning (set TORCHINDUCTOR_COLLECTIVE_BENCHMARK_KEEP_GRAPH_CACHES=1 "
+            "only if every rank's caches hold the same entries)"
+        )
+        if config.fx_graph_cache:
+            log.warning(
+                "TORCHINDUCTOR_FX_GRAPH_CACHE forces the FX graph cache on: a rank with "
+                "a warm cache can skip the autotuning of %s that its peers wait for",
+                _op_name(op),
+            )
+
+
+def _names_a_collective(op: Any) -> bool:
+    schema = getattr(op, "_schema", None)
+    return is_collective_op(op) or (
+        schema is not None and any(a.name in _GROUP_ARGUMENTS for a in schema.arguments)
+    )
+
+
 def detect_collective(
     choices: Sequence[ChoiceCaller],
     op_overload: Any,
@@ -93,7 +139,7 @@ def detect_collective(
     ``group`` / ``group_name`` / ``process_group`` argument, else WORLD; choices on
     several groups synchronise over the smallest known group containing them all.
     Returns ``(False, None)``, with one warning, where collective tuning cannot
-    apply: torch.distributed not initialised, or a group of one rank.
+    apply because torch.distributed is not initialised.
     """
     groups: list[Any] = []
     collective = is_collective_op(op_overload)
@@ -109,6 +155,8 @@ def detect_collective(
                 groups.extend(_group_arguments(node.target, node.args, node.kwargs, gm))
     if not collective:
         return False, None
+    # For later graphs at least, where the op's name and schema did not reveal it.
+    _disable_graph_caches(op_overload)
     for kwargs in non_tensor_args:
         groups.extend(v for k, v in kwargs.items() if k in _GROUP_ARGUMENTS)
 
@@ -122,11 +170,12 @@ def detect_collective(
         return False, None
     group = _covering_group([_resolve_group(g, op_overload) for g in groups])
     if group.size() == 1:
+        # Inductor's regular benchmarking would deadlock on gloo here (see
+        # select_collective_choice); a session of one rank costs nothing.
         _warn_once(
-            f"{_op_name(op_overload)} runs on a process group of one rank: it is "
-            "autotuned like any other op"
+            f"{_op_name(op_overload)} runs on a process group of one rank: nothing to "
+            "synchronise, it is timed without waiting for peers"
         )
-        return False, None
     return True, group
 
 
@@ -247,7 +296,8 @@ def select_collective_choice(
         if decision.kind == "benchmark":
             picked = [by_name[n] for n in decision.choices]
             # Lowering runs with the Python dispatcher on; a gloo worker thread would
-            # inherit it and wait for the GIL that this thread holds in wait_tensor.
+            # inherit it and wait for the GIL that this thread holds in wait_tensor
+            # (Inductor's regular benchmarking deadlocks so on gloo collectives).
             with no_python_dispatcher():
                 timings = tuple(
                     _benchmark(selector, picked, default, input_nodes, layout,

@@ -1,0 +1,217 @@
+"""Run a test body on every rank of a real process group, in one of two ways.
+
+* Plain ``pytest``: the harness spawns one process per rank, each with a real gloo
+  (and, on GPUs, NCCL) process group, waits a bounded time and kills stragglers, so
+  a hang is a test failure, never a stuck CI job.
+* ``torchrun --nproc_per_node=N -m pytest``: every rank runs pytest; a test whose
+  world size is N runs its body in-process on each rank, and skips otherwise.
+
+Either way the test receives every rank's result and asserts on all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import queue
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass
+class Rank:
+    """What a test body sees."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    value: Any = None
+    # The formatted exception when the body raised; None when it returned.
+    error: Optional[str] = None
+    # Seconds the body ran, or None when the process died without reporting.
+    wall_s: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.wall_s is not None
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def run_ranks(
+    world_size: int,
+    body: Callable[..., Any],
+    *args: Any,
+    device: str = "cpu",
+    env: Optional[dict[str, str]] = None,
+    timeout_s: float = 240.0,
+) -> list[RankResult]:
+    """``body(Rank, *args)`` on ``world_size`` ranks; every rank's result, by rank.
+
+    ``env`` is set on every rank for the body's duration; ``{rank}`` in a value is
+    replaced by the rank. Self-spawned ranks that outlive ``timeout_s`` are killed
+    and reported as having died.
+    """
+    if device == "cuda" and torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
+    if under_torchrun():
+        if int(os.environ["WORLD_SIZE"]) != world_size:
+            pytest.skip(f"needs WORLD_SIZE={world_size}")
+        return _run_in_process(world_size, body, args, device, env or {})
+    return _spawn(world_size, body, args, device, env or {}, timeout_s)
+
+
+# -- torchrun: this process is one rank ----------------------------------------------
+
+
+def _run_in_process(
+    world_size: int, body: Callable[..., Any], args: tuple, device: str, env: dict[str, str]
+) -> list[RankResult]:
+    if not dist.is_initialized():
+        _init(int(os.environ["RANK"]), world_size, "env://", device)
+    rank = dist.get_rank()
+    torch._dynamo.reset()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
+    try:
+        result = _call(rank, world_size, body, args, device)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, result)
+    return gathered
+
+
+# -- plain pytest: spawn the ranks -----------------------------------------------------
+
+
+def _spawn(
+    world_size: int,
+    body: Callable[..., Any],
+    args: tuple,
+    device: str,
+    env: dict[str, str],
+    timeout_s: float,
+) -> list[RankResult]:
+    ctx = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(rank, world_size, port, device, env, body, args, results),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    collected: dict[int, RankResult] = {}
+    while len(collected) < world_size and time.monotonic() < deadline:
+        try:
+            r = results.get(timeout=0.2)
+            collected[r.rank] = r
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs):
+                # Drain what the exited ranks managed to report.
+                while True:
+                    try:
+                        r = results.get(timeout=0.5)
+                        collected[r.rank] = r
+                    except queue.Empty:
+                        break
+                break
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [
+        collected.get(rank, RankResult(rank, error=f"rank died or hung (exit code {procs[rank].exitcode})"))
+        for rank in range(world_size)
+    ]
+
+
+def _child(
+    rank: int,
+    world_size: int,
+    port: int,
+    device: str,
+    env: dict[str, str],
+    body: Callable[..., Any],
+    args: tuple,
+    results: multiprocessing.Queue,
+) -> None:
+    os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
+    _init(rank, world_size, f"tcp://127.0.0.1:{port}", device)
+    result = _call(rank, world_size, body, args, device)
+    results.put(result)
+    # Give the queue's feeder thread time to flush before the process goes away.
+    results.close()
+    results.join_thread()
+    if result.ok:
+        dist.destroy_process_group()
+    # Exit without waiting on peers that may be gone (their collectives would hang).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _init(rank: int, world_size: int, init_method: str, device: str) -> None:
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        backend = "cpu:gloo,cuda:nccl"
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=120),
+    )
+
+
+def _call(
+    rank: int, world_size: int, body: Callable[..., Any], args: tuple, device: str
+) -> RankResult:
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    start = time.monotonic()
+    try:
+        value = body(Rank(rank, world_size, dev), *args)
+        return RankResult(rank, value=value, wall_s=time.monotonic() - start)
+    except Exception:  # noqa: BLE001 - reported to the test, which asserts on it
+        return RankResult(rank, error=traceback.format_exc(), wall_s=time.monotonic() - start)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_all_ok(results: list[RankResult]) -> list[Any]:
+    """Every rank's value; fails with every rank's error otherwise."""
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n\n".join(f"rank {r.rank}:\n{r.error}" for r in failed)
+    return [r.value for r in results]

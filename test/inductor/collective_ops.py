@@ -1,0 +1,242 @@
+"""Custom ops for the collective autotuning tests, and implementations to choose from.
+
+Each op's eager implementation is its default; the implementations registered for
+autotuning are built by small factories so that each has a name of its own (a
+CustomOpConfig parameter would also reach the default, which takes none).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+
+
+fc = torch.ops._c10d_functional
+
+
+def group_of(group_name: str) -> dist.ProcessGroup:
+    return torch._C._distributed_c10d._resolve_process_group(group_name)
+
+
+def _per_rank(spec: str) -> float:
+    """The value for this (global) rank in "a,b,c" (the last one repeats)."""
+    values = [float(v) for v in spec.split(",")]
+    return values[min(dist.get_rank(), len(values) - 1)]
+
+
+@functools.lru_cache(None)
+def _gpu_cycles_per_ms() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / start.elapsed_time(end)
+
+
+# -- ops ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("cat_test::delay", mutates_args=())
+def delay(x: torch.Tensor, ms: str) -> torch.Tensor:
+    """``x``, after this rank's share of ``ms`` milliseconds (device time on GPU)."""
+    wait = _per_rank(ms)
+    if x.is_cuda:
+        torch.cuda._sleep(int(wait * _gpu_cycles_per_ms()))
+    else:
+        time.sleep(wait / 1e3)
+    return x.clone()
+
+
+@delay.register_fake
+def _(x: torch.Tensor, ms: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    out = x.clone()
+    dist.all_reduce(out, group=group_of(group_name))
+    return delay(out, delay_ms)
+
+
+@all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::all_gather", mutates_args=())
+def all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    group = group_of(group_name)
+    out = x.new_empty((x.shape[0] * group.size(), *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+@all_gather.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    size = group_of(group_name).size()
+    return x.new_empty((x.shape[0] * size, *x.shape[1:]))
+
+
+@torch.library.custom_op("cat_test::reduce_scatter", mutates_args=())
+def reduce_scatter(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    group = group_of(group_name)
+    out = x.new_empty((x.shape[0] // group.size(), *x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+    return out
+
+
+@reduce_scatter.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    size = group_of(group_name).size()
+    return x.new_empty((x.shape[0] // size, *x.shape[1:]))
+
+
+@torch.library.custom_op("cat_test::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@scale.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::fail_on_rank", mutates_args=())
+def fail_on_rank(x: torch.Tensor, rank: int) -> torch.Tensor:
+    if dist.get_rank() == rank:
+        raise RuntimeError(f"cat_test::fail_on_rank: planted failure on rank {rank}")
+    return x.clone()
+
+
+@fail_on_rank.register_fake
+def _(x: torch.Tensor, rank: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::exit_on_rank", mutates_args=())
+def exit_on_rank(x: torch.Tensor, rank: int) -> torch.Tensor:
+    if dist.get_rank() == rank:
+        os._exit(17)
+    return x.clone()
+
+
+@exit_on_rank.register_fake
+def _(x: torch.Tensor, rank: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::lowering_fails_on_rank", mutates_args=())
+def lowering_fails_on_rank(x: torch.Tensor, rank: int) -> torch.Tensor:
+    return x.clone()
+
+
+@lowering_fails_on_rank.register_fake
+def _(x: torch.Tensor, rank: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _register_failing_lowering() -> None:
+    from torch._inductor.lowering import fallback_handler, register_lowering
+
+    op = torch.ops.cat_test.lowering_fails_on_rank.default
+
+    @register_lowering(op)
+    def _lower(x, rank):  # type: ignore[no-untyped-def]
+        if dist.get_rank() == rank:
+            raise RuntimeError(f"planted lowering failure on rank {rank}")
+        return fallback_handler(op, add_to_fallback_set=False)(x, rank)
+
+
+_register_failing_lowering()
+
+
+# -- implementations -------------------------------------------------------------------
+
+
+def all_reduce_then(name: str, wait_ms: str = "0", before: Callable | None = None) -> Callable:
+    """One all-reduce, optionally preceded by ``before(x)`` and followed by a delay."""
+
+    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+        x = before(x) if before is not None else x
+        out = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+        return out if wait_ms == "0" else delay(out, wait_ms)
+
+    impl.__name__ = name
+    return impl
+
+
+def chunked_all_reduce(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    return torch.cat([fc.wait_tensor(fc.all_reduce(c, "sum", group_name)) for c in x.chunk(4)])
+
+
+def reduce_scatter_all_gather(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    size = group_of(group_name).size()
+    shard = fc.wait_tensor(fc.reduce_scatter_tensor(x.reshape(-1), "sum", size, group_name))
+    return fc.wait_tensor(fc.all_gather_into_tensor(shard, size, group_name)).view_as(x)
+
+
+def all_gather_functional(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    size = group_of(group_name).size()
+    return fc.wait_tensor(fc.all_gather_into_tensor(x, size, group_name))
+
+
+def all_gather_by_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    group = group_of(group_name)
+    full = x.new_zeros((x.shape[0] * group.size(), *x.shape[1:]))
+    rank = dist.get_rank(group)
+    full = torch.cat([full[: rank * x.shape[0]], x, full[(rank + 1) * x.shape[0]:]])
+    return fc.wait_tensor(fc.all_reduce(full, "sum", group_name))
+
+
+def reduce_scatter_functional(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    size = group_of(group_name).size()
+    return fc.wait_tensor(fc.reduce_scatter_tensor(x, "sum", size, group_name))
+
+
+def reduce_scatter_by_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    group = group_of(group_name)
+    rows = x.shape[0] // group.size()
+    full = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+    return full[dist.get_rank(group) * rows:(dist.get_rank(group) + 1) * rows].clone()
+
+
+def scale_by_mul(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def scale_by_add(x: torch.Tensor) -> torch.Tensor:
+    return x + x
+
+
+# -- registrations ---------------------------------------------------------------------
+
+
+def register_all_reduce(*impls: Callable) -> None:
+    register_custom_op_autotuning(all_reduce, configs=[CustomOpConfig(f) for f in impls])
+
+
+def register_standard_ops() -> None:
+    """All-reduce, all-gather and reduce-scatter, each with genuinely different choices."""
+    register_all_reduce(all_reduce_then("one_all_reduce"), chunked_all_reduce, reduce_scatter_all_gather)
+    register_custom_op_autotuning(
+        all_gather,
+        configs=[CustomOpConfig(all_gather_functional), CustomOpConfig(all_gather_by_all_reduce)],
+    )
+    register_custom_op_autotuning(
+        reduce_scatter,
+        configs=[
+            CustomOpConfig(reduce_scatter_functional),
+            CustomOpConfig(reduce_scatter_by_all_reduce),
+        ],
+    )
+    register_custom_op_autotuning(
+        scale, configs=[CustomOpConfig(scale_by_mul), CustomOpConfig(scale_by_add)]
+    )

@@ -1,0 +1,353 @@
+"""Collective custom-op autotuning, end to end on real process groups.
+
+Runs self-spawning under plain pytest (gloo on CPU; NCCL where GPUs are present) and
+under ``torchrun --nproc_per_node=N -m pytest`` (tests for other world sizes skip).
+Every case asserts the winner, the numbers, and that all ranks of a group agree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+import collective_ops as ops
+from collective_harness import assert_all_ok, Rank, run_ranks
+
+
+REPO = Path(__file__).resolve().parents[2]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+
+
+def short(choice_name: str) -> str:
+    """The implementation's own name in an Inductor choice name ("default" for the op's)."""
+    if "_autotuned_" not in choice_name:
+        return "default"
+    return re.split(r"_(?:delay_ms|group_name)__", choice_name.split("_autotuned_")[1])[0]
+
+
+def compile_and_check(fn, *inputs):
+    """Compile ``fn``, check it against eager on ``inputs``; the records it made."""
+    start = len(collective_autotune_records())
+    out = torch.compile(fn, fullgraph=True, dynamic=False)(*inputs)
+    torch.testing.assert_close(out, fn(*inputs), rtol=1e-4, atol=1e-4)
+    return collective_autotune_records()[start:]
+
+
+def check_agreement(results, n_ops: int, world_size: int) -> list:
+    """Every rank made ``n_ops`` identical, benchmarked decisions; returns rank 0's."""
+    per_rank = assert_all_ok(results)
+    assert all(len(records) == n_ops for records in per_rank), [len(r) for r in per_rank]
+    for records in per_rank[1:]:
+        assert records == per_rank[0], "ranks disagree"
+    for record in per_rank[0]:
+        assert record.decision == "benchmark", record
+        assert len(record.group_ranks) == world_size
+        assert all(t.status == "ok" for t in record.timings), record
+        assert all(0 < t.min_us <= t.max_us < math.inf for t in record.timings), record
+        best = min(record.timings, key=lambda t: t.max_us)
+        assert record.winner == best.name, record
+    return per_rank[0]
+
+
+# -- one all-reduce op ---------------------------------------------------------------
+
+
+def one_op_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = dist.group.WORLD.group_name
+
+    def f(x):
+        return ops.all_reduce(x * 2, group) + 1
+
+    return compile_and_check(f, torch.randn(64, 32, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_one_all_reduce_op(world_size, device):
+    (record,) = check_agreement(run_ranks(world_size, one_op_body, device=device), 1, world_size)
+    # the three registered implementations and the op's own (default) one
+    assert sorted(short(t.name) for t in record.timings) == [
+        "chunked_all_reduce",
+        "default",
+        "one_all_reduce",
+        "reduce_scatter_all_gather",
+    ]
+
+
+# -- all-reduce, all-gather and reduce-scatter in one model -------------------------------
+
+
+def three_collectives_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = dist.group.WORLD.group_name
+
+    def f(x):
+        summed = ops.all_reduce(x, group)
+        gathered = ops.all_gather(summed * 0.5, group)
+        return ops.reduce_scatter(gathered + 1, group)
+
+    return compile_and_check(f, torch.randn(16, 32, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_model_with_all_reduce_all_gather_reduce_scatter(world_size, device):
+    records = check_agreement(
+        run_ranks(world_size, three_collectives_body, device=device), 3, world_size
+    )
+    assert [r.op for r in records] == [
+        "cat_test::all_reduce_autotuned",
+        "cat_test::all_gather_autotuned",
+        "cat_test::reduce_scatter_autotuned",
+    ]
+
+
+# -- 4 ranks, 5 ops ------------------------------------------------------------------------
+
+
+def five_ops_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = dist.group.WORLD.group_name
+
+    def f(x, y):
+        a = ops.all_reduce(x, group)
+        b = ops.all_gather(y, group)
+        c = ops.reduce_scatter(b * 2, group)
+        d = ops.all_reduce(a[:32] * 3, group)
+        e = ops.all_reduce(c + 1, group)
+        return a.sum() + b.sum() + c.sum() + d.sum() + e.sum()
+
+    return compile_and_check(f, torch.randn(64, 16, device=r.device), torch.randn(8, 16, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_four_ranks_five_ops(device):
+    records = check_agreement(run_ranks(4, five_ops_body, device=device), 5, 4)
+    assert len({r.session for r in records}) == 5
+
+
+# -- the slowest rank decides --------------------------------------------------------------
+
+
+def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str, default_ms: str) -> list:
+    # "uneven" is fast on average but slow on one rank; "even" is the same everywhere.
+    ops.register_all_reduce(
+        ops.all_reduce_then("uneven", wait_ms=uneven_ms),
+        ops.all_reduce_then("even", wait_ms=even_ms),
+    )
+    group = dist.group.WORLD.group_name
+
+    def f(x):
+        return ops.all_reduce(x, group, default_ms)
+
+    with torch._inductor.config.patch(collective_benchmark_nruns=10):
+        return compile_and_check(f, torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "world_size,uneven_ms,mean_uneven_ms", [(2, "8,0", 4.0), (4, "12,0", 3.0)]
+)
+def test_slowest_rank_rule(world_size, uneven_ms, mean_uneven_ms, device):
+    even_ms = 5.0
+    (record,) = check_agreement(
+        run_ranks(world_size, slowest_rank_body, uneven_ms, str(even_ms), "20", device=device),
+        1,
+        world_size,
+    )
+    timing = {short(t.name): t for t in record.timings}
+    uneven, even = timing["uneven"], timing["even"]
+    slow_ms = float(uneven_ms.split(",")[0])
+    # By construction "uneven" adds less delay on average over the ranks (the
+    # collective itself costs the same) and is faster on its fast ranks ...
+    assert mean_uneven_ms < even_ms
+    assert uneven.min_us < even.min_us
+    # ... but its slowest rank is slower than "even" is anywhere, so "even" wins.
+    assert uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
+    assert uneven.max_us > even.max_us
+    assert record.winner == even.name
+
+
+# -- two groups of 2 inside a world of 4 ---------------------------------------------------------
+
+
+def two_groups_body(r: Rank) -> list:
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[r.rank // 2]
+    # Group [0, 1] finds "x" slow, group [2, 3] finds "y" slow.
+    ops.register_all_reduce(
+        ops.all_reduce_then("x", wait_ms="6,6,0,0"),
+        ops.all_reduce_then("y", wait_ms="0,0,6,6"),
+    )
+
+    def f(t):
+        return ops.all_reduce(t, mine.group_name, "15")
+
+    with torch._inductor.config.patch(collective_benchmark_nruns=10):
+        return compile_and_check(f, torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_groups_in_a_world_of_four_tune_independently(device):
+    per_rank = assert_all_ok(run_ranks(4, two_groups_body, device=device))
+    (a0,), (a1,), (b0,), (b1,) = per_rank
+    assert a0 == a1 and b0 == b1
+    assert a0.group_ranks == (0, 1) and b0.group_ranks == (2, 3)
+    assert short(a0.winner) == "y" and short(b0.winner) == "x"
+
+
+# -- a non-collective custom op is tuned as before ----------------------------------------------
+
+
+def non_collective_body(r: Rank) -> dict:
+    ops.register_standard_ops()
+    counters.clear()
+
+    def f(x):
+        return ops.scale(x) + 1
+
+    records = compile_and_check(f, torch.randn(32, 32, device=r.device))
+    return {
+        "records": len(records),
+        "sessions": counters["inductor"]["collective_autotune_sessions"],
+        "autotuned": counters["inductor"]["select_algorithm_autotune"],
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_collective_op_is_tuned_as_before(device, tmp_path):
+    per_rank = assert_all_ok(
+        run_ranks(2, non_collective_body, device=device, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")})
+    )
+    for result in per_rank:
+        assert result == {"records": 0, "sessions": 0, "autotuned": 1}
+
+
+# -- where collective tuning does not apply ------------------------------------------------------
+
+
+def single_rank_group_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = dist.group.WORLD.group_name
+
+    def f(x):
+        return ops.all_reduce(x, group) * 2
+
+    return compile_and_check(f, torch.randn(16, 16, device=r.device))
+
+
+def test_group_of_one_rank_is_timed_without_waiting_for_peers():
+    # Inductor's regular benchmarking deadlocks on gloo collectives while lowering
+    # (the Python dispatcher reaches gloo's worker thread), so even a group of one
+    # goes through the collective benchmarker: a session of one rank.
+    (record,) = check_agreement(run_ranks(1, single_rank_group_body), 1, 1)
+    assert record.group_ranks == (0,)
+
+
+def test_without_torch_distributed_detection_warns_once_and_declines(caplog):
+    from torch._inductor.kernel.collective_autotuning import detect_collective
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    assert not dist.is_initialized()
+    impl = ops.all_reduce_then("one_all_reduce")
+    gm = make_fx(impl, tracing_mode="fake")(torch.randn(4, 4), "0", "0")
+
+    class Choice:  # what detection reads of a ChoiceCaller: its graph
+        pass
+
+    choice = Choice()
+    choice.gm = gm
+    with caplog.at_level(logging.WARNING, logger="torch._inductor.kernel.collective_autotuning"):
+        for _ in range(3):
+            assert detect_collective([choice], torch.ops.cat_test.all_reduce.default, [{}]) == (False, None)
+    warnings = [r for r in caplog.records if "not initialised" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+# -- the overlay: apply and remove round trip ------------------------------------------------------
+
+
+def _fake_install(root: Path, version: str, pristine: Path) -> Path:
+    """A torch package directory holding only the upstream files the overlay edits."""
+    torch_dir = root / "site" / "torch"
+    diff = (REPO / "patches" / f"torch-{version[:4]}.diff").read_text()
+    for line in diff.splitlines():
+        if line.startswith("+++ b/"):
+            rel = line[len("+++ b/"):]
+            (root / "site" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(pristine / rel, root / "site" / rel)
+    (torch_dir / "version.py").write_text(f"__version__ = '{version}'\n")
+    return torch_dir
+
+
+def _overlay(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools" / "overlay.py"), *args], capture_output=True, text=True
+    )
+
+
+def _pristine_roots() -> list:
+    roots = []
+    shared = REPO.parent / "shared" / "upstream" / "torch-2.11.0"
+    if shared.is_dir():
+        roots.append(pytest.param("2.11.0", shared, id="2.11"))
+    site = Path(torch.__file__).parent.parent
+    state = Path(torch.__file__).parent / ".collective_autotuning_overlay" / "pristine"
+    roots.append(pytest.param("2.13.0", state if state.is_dir() else site, id="2.13"))
+    return roots
+
+
+@pytest.mark.parametrize("version,pristine", _pristine_roots())
+def test_overlay_round_trip_restores_pristine_files(tmp_path, version, pristine):
+    torch_dir = _fake_install(tmp_path, version, pristine)
+    before = {p: p.read_bytes() for p in torch_dir.rglob("*.py")}
+
+    applied = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert applied.returncode == 0, applied.stderr
+    manifest = json.loads((torch_dir / ".collective_autotuning_overlay" / "manifest.json").read_text())
+    assert all(before[torch_dir.parent / rel] != (torch_dir.parent / rel).read_bytes() for rel in manifest["files"])
+    for rel in manifest["links"]:
+        assert (torch_dir.parent / rel).resolve() == REPO / rel
+    assert "already applied" in _overlay("--torch-dir", str(torch_dir), "apply").stdout
+    assert "DRIFT" not in _overlay("--torch-dir", str(torch_dir), "status").stdout
+
+    removed = _overlay("--torch-dir", str(torch_dir), "remove")
+    assert removed.returncode == 0, removed.stderr
+    assert {p: p.read_bytes() for p in torch_dir.rglob("*.py")} == before
+    assert not (torch_dir / ".collective_autotuning_overlay").exists()
+    assert not any((torch_dir.parent / rel).exists() for rel in manifest["links"])
+
+
+def test_overlay_refuses_unsupported_versions_and_changed_files(tmp_path):
+    pristine = _pristine_roots()[-1].values[1]
+    torch_dir = _fake_install(tmp_path, "2.13.0", pristine)
+    (torch_dir / "version.py").write_text("__version__ = '2.12.1'\n")
+    refused = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert refused.returncode == 2
+    assert "2.12.1" in refused.stderr and "2.11.x, 2.13.x" in refused.stderr
+
+    (torch_dir / "version.py").write_text("__version__ = '2.13.0'\n")
+    config = torch_dir / "_inductor" / "config.py"
+    changed = config.read_text().replace("collective_benchmark_timeout", "collective_benchmark_timeout_s")
+    config.write_text(changed)
+    before = {p: p.read_bytes() for p in torch_dir.rglob("*.py")}
+    refused = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert refused.returncode == 2 and "does not apply" in refused.stderr
+    assert {p: p.read_bytes() for p in torch_dir.rglob("*.py")} == before
+    assert not (torch_dir / ".collective_autotuning_overlay").exists()
