@@ -7,6 +7,7 @@
   world size is N runs its body in-process on each rank, and skips otherwise.
 
 Either way the test receives every rank's result and asserts on all of them.
+Also here: the small helpers that test bodies share.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import multiprocessing
 import os
 import queue
+import re
 import socket
 import sys
 import time
@@ -25,6 +27,7 @@ from typing import Any, Callable, Optional
 import pytest
 import torch
 import torch.distributed as dist
+from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
 
 @dataclasses.dataclass
@@ -128,22 +131,27 @@ def _spawn(
         p.start()
     deadline = time.monotonic() + timeout_s
     collected: dict[int, RankResult] = {}
-    while len(collected) < world_size and time.monotonic() < deadline:
+
+    def settled() -> bool:  # every rank reported or died
+        return all(rank in collected or not p.is_alive() for rank, p in enumerate(procs))
+
+    while not settled() and time.monotonic() < deadline:
         try:
             r = results.get(timeout=0.2)
             collected[r.rank] = r
         except queue.Empty:
-            if all(not p.is_alive() for p in procs):
-                # Drain what the exited ranks managed to report.
-                while True:
-                    try:
-                        r = results.get(timeout=0.5)
-                        collected[r.rank] = r
-                    except queue.Empty:
-                        break
-                break
+            pass
+    # What ranks reported just before exiting may still be in the queue.
+    while True:
+        try:
+            r = results.get(timeout=0.5)
+            collected[r.rank] = r
+        except queue.Empty:
+            break
     for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        # A rank that reported may still serve the store to its peers (rank 0 hosts
+        # it); once all have settled nobody needs it.
+        p.join(timeout=5.0)
         if p.is_alive():
             p.kill()
             p.join()
@@ -170,12 +178,24 @@ def _child(
     # Give the queue's feeder thread time to flush before the process goes away.
     results.close()
     results.join_thread()
+    _leave(rank, world_size)
     if result.ok:
         dist.destroy_process_group()
     # Exit without waiting on peers that may be gone (their collectives would hang).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _leave(rank: int, world_size: int, patience_s: float = 120.0) -> None:
+    """Rank 0 hosts the store: it stays until every live rank is done with it."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add("harness/done", 1)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + patience_s
+    while store.add("harness/done", 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _init(rank: int, world_size: int, init_method: str, device: str) -> None:
@@ -208,6 +228,27 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+
+
+def short(choice_name: str) -> str:
+    """The implementation's own name in an Inductor choice name ("default" for the op's)."""
+    if "_autotuned_" not in choice_name:
+        return "default"
+    return re.split(r"_(?:delay_ms|group_name)__", choice_name.split("_autotuned_")[1])[0]
+
+
+def compile_and_check(fn, *inputs):
+    """Compile ``fn``, check it against eager on ``inputs``; the records it made."""
+    start = len(collective_autotune_records())
+    out = torch.compile(fn, fullgraph=True, dynamic=False)(*inputs)
+    torch.testing.assert_close(out, fn(*inputs), rtol=1e-4, atol=1e-4)
+    return collective_autotune_records()[start:]
 
 
 def assert_all_ok(results: list[RankResult]) -> list[Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import shutil
 import subprocess
 import sys
@@ -20,32 +19,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
 import collective_ops as ops
-from collective_harness import assert_all_ok, Rank, run_ranks
+from collective_harness import assert_all_ok, compile_and_check, DEVICES, Rank, run_ranks, short
 
 
 REPO = Path(__file__).resolve().parents[2]
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
-]
-
-
-def short(choice_name: str) -> str:
-    """The implementation's own name in an Inductor choice name ("default" for the op's)."""
-    if "_autotuned_" not in choice_name:
-        return "default"
-    return re.split(r"_(?:delay_ms|group_name)__", choice_name.split("_autotuned_")[1])[0]
-
-
-def compile_and_check(fn, *inputs):
-    """Compile ``fn``, check it against eager on ``inputs``; the records it made."""
-    start = len(collective_autotune_records())
-    out = torch.compile(fn, fullgraph=True, dynamic=False)(*inputs)
-    torch.testing.assert_close(out, fn(*inputs), rtol=1e-4, atol=1e-4)
-    return collective_autotune_records()[start:]
 
 
 def check_agreement(results, n_ops: int, world_size: int) -> list:

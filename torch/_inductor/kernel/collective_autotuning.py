@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import math
+import time
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
@@ -66,6 +67,10 @@ class CollectiveAutotuneRecord:
     reason: str
     timings: tuple[ChoiceTiming, ...]
     winner: str
+    # Seconds this rank waited for the group's decision, and spent from its arrival
+    # to the end of the benchmark (both differ between ranks).
+    waited_s: float = dataclasses.field(default=0.0, compare=False)
+    tuning_s: float = dataclasses.field(default=0.0, compare=False)
 
 
 _records: list[CollectiveAutotuneRecord] = []
@@ -278,12 +283,14 @@ def select_collective_choice(
         settings.timeout,
     )
     counters["inductor"]["collective_autotune_sessions"] += 1
+    arrived = time.monotonic()
     try:
         decision = session.agree(
             Join(session.rank, _digest(op_key, names), names, runnable),
             decide=functools.partial(_decide, default_name=default.name),
             fallback=lambda reason: Decision("use", (default.name,), reason),
         )
+        waited_s = time.monotonic() - arrived
         by_name = {c.name: c for c in choices}
         if not decision.choices or decision.choices[0] not in by_name:
             raise CollectiveAutotuneError(
@@ -303,9 +310,11 @@ def select_collective_choice(
                     _benchmark(selector, picked, default, input_nodes, layout,
                                input_gen_fns, process_group, settings, session)
                 )
-            winner, reason = _pick(picked, timings, default)
+            winner, picked_because = _pick(picked, timings, default)
+            reason = f"{decision.reason}; {picked_because}"
     finally:
         session.close()
+    tuning_s = time.monotonic() - arrived
 
     record = CollectiveAutotuneRecord(
         op=name,
@@ -316,9 +325,14 @@ def select_collective_choice(
         reason=reason,
         timings=timings,
         winner=winner.name,
+        waited_s=waited_s,
+        tuning_s=tuning_s,
     )
     _records.append(record)
-    log.info("collective autotuning %s on group %s: %s (%s)", name, group_name, winner.name, reason)
+    log.info(
+        "collective autotuning %s on group %s: %s (%s; waited %.2f s for the group)",
+        name, group_name, winner.name, reason, waited_s,
+    )
     if session.rank == 0:
         table_log.info("%s", format_record(record))
     return winner
@@ -428,8 +442,12 @@ def _build(choice: ChoiceCaller, device: torch.device) -> bool:
                 choice._compiled_module = choice._compile_for_benchmarking()  # type: ignore[attr-defined]
         else:
             choice.to_callable()
-    except Exception:  # noqa: BLE001 - the group drops it; the reason is logged here
-        log.warning("choice %s does not build on this rank; dropped", choice.name, exc_info=True)
+    except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged here
+        log.warning(
+            "choice %s does not build on this rank (%s: %s); the group drops it",
+            choice.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+        )
+        log.debug("build failure of %s", choice.name, exc_info=True)
         return False
     return True
 

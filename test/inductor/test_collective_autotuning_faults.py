@@ -1,0 +1,302 @@
+"""Never hang, never disagree: the cross-rank protocol under late, absent, failing
+and dying ranks, warm caches, non-SPMD compiles, concurrent groups and bad knobs.
+
+Each scenario asserts bounded wall time, the same decision on every rank of a group
+(read from the decision records), and correct outputs where the job can go on.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+import collective_ops as ops
+from collective_harness import assert_all_ok, compile_and_check, DEVICES, Rank, run_ranks, short
+
+
+TIMEOUT_S = 4.0
+# Compiling the choices on a loaded 2-core machine, before and after a session.
+COMPILE_MARGIN_S = 60.0
+
+
+def world() -> str:
+    return dist.group.WORLD.group_name
+
+
+def patched_timeout(seconds: float = TIMEOUT_S):
+    return torch._inductor.config.patch(collective_benchmark_timeout=seconds)
+
+
+def register_two_choices() -> None:
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather)
+
+
+# -- a rank arriving after the timeout ---------------------------------------------------
+
+
+def late_rank_body(r: Rank, late_rank: int, delay_s: float) -> list:
+    register_two_choices()
+    group = world()
+    if r.rank == late_rank:
+        time.sleep(delay_s)
+    with patched_timeout():
+        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank_arriving_after_the_timeout_follows_the_decision_at_once(device):
+    results = run_ranks(2, late_rank_body, 1, 2 * TIMEOUT_S, device=device)
+    (early,), (late,) = assert_all_ok(results)
+    assert early == late and early.decision == "use"
+    assert short(early.winner) == "default" and "did not arrive" in early.reason
+    assert early.waited_s >= TIMEOUT_S * 0.9
+    assert late.waited_s < 1.0  # it read the decision instead of starting a wait
+    assert max(r.wall_s for r in results) < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+
+
+# -- a rank that never tunes this op -----------------------------------------------------
+
+
+def never_tunes_body(r: Rank) -> list:
+    register_two_choices()
+    group = world()
+    x = torch.randn(8, 8, device=r.device)
+    with patched_timeout():
+        if r.rank == 0:
+            return compile_and_check(lambda t: ops.all_reduce(t, group), x)
+        # Rank 1 runs the op eagerly, i.e. its default implementation, twice as
+        # compile_and_check does (the compiled call and the eager reference).
+        ops.all_reduce(x, group)
+        ops.all_reduce(x, group)
+        return collective_autotune_records()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank_that_never_tunes_the_op(device):
+    results = run_ranks(2, never_tunes_body, device=device)
+    (tuned,), untouched = assert_all_ok(results)
+    assert untouched == []
+    assert tuned.decision == "use" and short(tuned.winner) == "default"
+    assert max(r.wall_s for r in results) < TIMEOUT_S + COMPILE_MARGIN_S
+
+
+# -- a choice that cannot be built on one rank -----------------------------------------------
+
+
+def unbuildable_body(r: Rank) -> list:
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"),
+        ops.all_reduce_then("unbuildable", before=lambda x: ops.lowering_fails_on_rank(x, 1)),
+        ops.reduce_scatter_all_gather,
+    )
+    group = world()
+    with patched_timeout(30.0):
+        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(device):
+    (a,), (b,) = assert_all_ok(run_ranks(2, unbuildable_body, device=device))
+    assert a == b and a.decision == "benchmark"
+    assert "unbuildable" in a.reason and "not buildable on every rank" in a.reason
+    assert sorted(short(t.name) for t in a.timings) == [
+        "default",
+        "one_all_reduce",
+        "reduce_scatter_all_gather",
+    ]
+
+
+# -- a choice that raises at run time on one rank -------------------------------------------
+
+
+def raises_body(r: Rank) -> list:
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"),
+        ops.all_reduce_then("raises", before=lambda x: ops.fail_on_rank(x, 1)),
+    )
+    group = world()
+    with patched_timeout():
+        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(device):
+    results = run_ranks(2, raises_body, device=device)
+    for result in results:
+        assert result.error is not None, f"rank {result.rank} went on: {result.value}"
+        assert "CollectiveAutotuneError" in result.error
+        assert "raises" in result.error  # the choice
+        assert "planted failure on rank 1" in result.error  # the failing rank's report
+        assert result.wall_s < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+
+
+# -- warm caches on one rank only ------------------------------------------------------------------
+
+
+def warm_cache_body(r: Rank) -> dict:
+    ops.register_standard_ops()
+    group = world()
+    counters.clear()
+    records = compile_and_check(lambda x: ops.all_reduce(x, group) + 1, torch.randn(8, 8, device=r.device))
+    return {"records": records, "fx_hits": counters["inductor"]["fxgraph_cache_hit"]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_warm_caches_on_one_rank_only(device, tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")}
+    first = assert_all_ok(run_ranks(2, warm_cache_body, device=device, env=env))
+    shutil.rmtree(tmp_path / "1", ignore_errors=True)  # rank 1 cold, rank 0 warm
+    second = assert_all_ok(run_ranks(2, warm_cache_body, device=device, env=env))
+    for run in (first, second):
+        (a,), (b,) = (rank["records"] for rank in run)
+        assert a == b and a.decision == "benchmark"
+    # The warm rank compiled and took part rather than replaying its cached graph.
+    assert second[0]["fx_hits"] == 0
+
+
+# -- ranks that compile different ops at the same point (non-SPMD) ------------------------------------
+
+
+def non_spmd_body(r: Rank) -> list:
+    register_two_choices()
+    group = world()
+
+    def fn(x):
+        return ops.all_reduce(x, group) * 2
+
+    # Rank 0 compiles the op for an 8x8 input while rank 1 compiles it for 16x4, then
+    # each compiles the other: different sessions meet at the same point. The inputs
+    # have the same number of elements, so the collectives the ranks run meanwhile
+    # (each its own decision, the eager references) still pair up at run time.
+    shapes = [(8, 8), (16, 4)] if r.rank == 0 else [(16, 4), (8, 8)]
+    with patched_timeout():
+        for shape in shapes:
+            compile_and_check(fn, torch.randn(*shape, device=r.device))
+    return sorted(collective_autotune_records(), key=lambda rec: rec.session)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ranks_compiling_different_ops_at_the_same_point(device):
+    results = run_ranks(2, non_spmd_body, device=device)
+    first, second = assert_all_ok(results)
+    assert len(first) == 2 and first == second
+    assert max(r.wall_s for r in results) < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+
+
+# -- two groups tuning concurrently, one starting late ----------------------------------------------
+
+
+def two_groups_one_late_body(r: Rank, delay_s: float) -> list:
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[r.rank // 2]
+    register_two_choices()
+    if r.rank >= 2:
+        time.sleep(delay_s)
+    with patched_timeout():
+        return compile_and_check(lambda x: ops.all_reduce(x, mine.group_name), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_groups_tuning_concurrently_one_starting_late(device):
+    per_rank = assert_all_ok(run_ranks(4, two_groups_one_late_body, 2 * TIMEOUT_S, device=device))
+    (a0,), (a1,), (b0,), (b1,) = per_rank
+    assert a0 == a1 and b0 == b1
+    assert a0.decision == b0.decision == "benchmark"
+    # The punctual group never waited on the late one.
+    assert a0.waited_s < TIMEOUT_S and a1.waited_s < TIMEOUT_S
+
+
+# -- a rank killed mid-session ------------------------------------------------------------------------
+
+
+def killed_body(r: Rank) -> list:
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"),
+        ops.all_reduce_then("dies", before=lambda x: ops.exit_on_rank(x, 1)),
+    )
+    group = world()
+    with patched_timeout():
+        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank_killed_mid_session(device):
+    survivor, dead = run_ranks(2, killed_body, device=device)
+    assert dead.wall_s is None  # it never reported
+    assert survivor.error is not None and "CollectiveAutotuneError" in survivor.error
+    assert "dies" in survivor.error
+    assert survivor.wall_s < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+
+
+# -- stress: 20 sessions, random arrivals ------------------------------------------------------------------
+
+
+STRESS_SESSIONS = 20
+STRESS_TIMEOUT_S = 2.0
+
+
+def stress_body(r: Rank, seed: int) -> list:
+    register_two_choices()
+    group = world()
+    rng = random.Random(seed * 1000 + r.rank)
+
+    def fn(x):
+        return ops.all_reduce(x, group) + 1
+
+    with patched_timeout(STRESS_TIMEOUT_S), torch._dynamo.config.patch(recompile_limit=64):
+        for i in range(STRESS_SESSIONS):
+            time.sleep(rng.uniform(0, 2 * STRESS_TIMEOUT_S))
+            compile_and_check(fn, torch.randn(8 * (i + 1), 8, device=r.device))
+    return collective_autotune_records()[-STRESS_SESSIONS:]
+
+
+def test_stress_twenty_sessions_with_random_arrivals():
+    results = run_ranks(2, stress_body, 7, timeout_s=600)
+    a, b = assert_all_ok(results)  # zero hangs
+    assert len(a) == len(b) == STRESS_SESSIONS
+    assert a == b  # zero disagreements
+    decisions = [rec.decision for rec in a]
+    print(f"stress: {decisions.count('benchmark')} benchmarked, {decisions.count('use')} fell back")
+
+
+# -- bad configuration fails at once -----------------------------------------------------------------------
+
+
+def bad_config_body(r: Rank, patch: dict, group: str) -> None:
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.chunked_all_reduce)
+    with torch._inductor.config.patch(patch):
+        compile_and_check(lambda x: ops.all_reduce(x, group or world()), torch.randn(8, 8))
+
+
+@pytest.mark.parametrize(
+    "patch,group,message",
+    [
+        ({"collective_benchmark_timeout": 0}, "", "collective_benchmark_timeout=0: seconds, > 0"),
+        ({"collective_benchmark_nruns": 0}, "", "collective_benchmark_nruns=0: an int >= 1"),
+        ({"collective_benchmark_mode": "fast"}, "", "collective_benchmark_mode='fast'"),
+        ({}, "no_such_group", "names process group 'no_such_group'"),
+    ],
+)
+def test_bad_configuration_fails_at_once(patch, group, message):
+    (result,) = run_ranks(1, bad_config_body, patch, group)
+    assert result.error is not None and message in result.error
+    assert result.wall_s < COMPILE_MARGIN_S
+
+
+def test_unparsable_environment_value_names_the_variable():
+    env = {**os.environ, "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS": "many"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch._inductor.config"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS='many' is not a valid int" in done.stderr
