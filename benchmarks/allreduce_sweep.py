@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CHOICES = ("nccl", "one_shot", "two_shot")
-REPEATS = 10
+REPEATS = 10  # tunings per size and mode, for the flip rate
 GRAPH_CALLS, GRAPH_REPLAYS, EAGER_CALLS = 50, 20, 200
 
 fc = torch.ops._c10d_functional
@@ -133,7 +133,7 @@ def eager_us(fn) -> float:
 # -- ours ------------------------------------------------------------------------------
 
 
-def run_ours(out_path: str) -> None:
+def run_ours(out_path: str, sizes: list[int], repeats: int) -> None:
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
     from torch._inductor.runtime.collective_benchmarking import (
         BenchmarkSettings,
@@ -150,7 +150,7 @@ def run_ours(out_path: str) -> None:
     register()
     store = dist.distributed_c10d._get_default_store()
     rows = []
-    for size in SIZES:
+    for size in sizes:
         numel = size // 2
         x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
         xs = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
@@ -178,7 +178,7 @@ def run_ours(out_path: str) -> None:
             picks, measured, tuning_ms = [], collections.defaultdict(list), []
             with torch._inductor.config.patch(collective_benchmark_mode=mode):
                 settings = BenchmarkSettings.from_config()
-                for rep in range(REPEATS):
+                for rep in range(repeats):
                     session = CollectiveSession(store, gname, f"sweep.{size}.{mode}.{rep}", dist.get_rank(), dist.get_world_size(), settings.timeout)
                     bench = CollectiveBenchmarker(group, torch.device("cuda"), settings, session)
                     start = time.perf_counter()
@@ -222,7 +222,7 @@ def run_ours(out_path: str) -> None:
 # -- upstream --------------------------------------------------------------------------
 
 
-def run_upstream(out_path: str) -> None:
+def run_upstream(out_path: str, sizes: list[int], repeats: int) -> None:
     from torch._inductor.kernel import custom_op
 
     gname = dist.group.WORLD.group_name
@@ -238,7 +238,7 @@ def run_upstream(out_path: str) -> None:
 
     custom_op.autotune_select_algorithm = timed_select
     rows = []
-    for size in SIZES:
+    for size in sizes:
         x = torch.randn(size // 2, dtype=torch.bfloat16, device="cuda")
         torch._dynamo.reset()
         compiled = torch.compile(lambda t: all_reduce(t, gname), fullgraph=True, dynamic=False)
@@ -303,13 +303,16 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="NVIDIA H200")
     parser.add_argument("--torch", default="")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
     if args.what == "merge":
         merge(*args.inputs, args.out, args.device, args.torch)
         return
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
-    (run_ours if args.what == "ours" else run_upstream)(args.out)
+    sizes = [int(b) for b in args.sizes.split(",")]
+    (run_ours if args.what == "ours" else run_upstream)(args.out, sizes, args.repeats)
     dist.destroy_process_group()
 
 
