@@ -64,15 +64,19 @@ def run_ranks(
     device: str = "cpu",
     env: Optional[dict[str, str]] = None,
     timeout_s: float = 240.0,
+    breaks_the_group: bool = False,
 ) -> list[RankResult]:
     """``body(Rank, *args)`` on ``world_size`` ranks; every rank's result, by rank.
 
     ``env`` is set on every rank for the body's duration; ``{rank}`` in a value is
     replaced by the rank. Self-spawned ranks that outlive ``timeout_s`` are killed
-    and reported as having died.
+    and reported as having died. A body that ``breaks_the_group`` (a rank dies, a
+    collective is left hanging) only runs self-spawned, where the job ends with it.
     """
     if device == "cuda" and torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
+    if breaks_the_group and under_torchrun():
+        pytest.skip("ends the job by design; runs self-spawned only")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             pytest.skip(f"needs WORLD_SIZE={world_size}")

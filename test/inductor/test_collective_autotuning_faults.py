@@ -131,7 +131,7 @@ def raises_body(r: Rank) -> list:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(device):
-    results = run_ranks(2, raises_body, device=device)
+    results = run_ranks(2, raises_body, device=device, breaks_the_group=True)
     for result in results:
         assert result.error is not None, f"rank {result.rank} went on: {result.value}"
         assert "CollectiveAutotuneError" in result.error
@@ -231,7 +231,7 @@ def killed_body(r: Rank) -> list:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_rank_killed_mid_session(device):
-    survivor, dead = run_ranks(2, killed_body, device=device)
+    survivor, dead = run_ranks(2, killed_body, device=device, breaks_the_group=True)
     assert dead.wall_s is None  # it never reported
     assert survivor.error is not None and "CollectiveAutotuneError" in survivor.error
     assert "dies" in survivor.error
