@@ -38,48 +38,24 @@ CHOICES = ("nccl", "one_shot", "two_shot")
 REPEATS = 10  # tunings per size and mode, for the flip rate
 GRAPH_CALLS, GRAPH_REPLAYS, EAGER_CALLS = 50, 20, 200
 
-fc = torch.ops._c10d_functional
+# -- the op and its three implementations (examples/tp_allreduce/ops.py) -------------
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from examples.tp_allreduce import ops  # noqa: E402
 
-# -- the three implementations of tp_bench::all_reduce ---------------------------------
-
-
-@torch.library.custom_op("tp_bench::all_reduce", mutates_args=())
-def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    out = x.clone()
-    dist.all_reduce(out, group=torch._C._distributed_c10d._resolve_process_group(group_name))
-    return out
-
-
-@all_reduce.register_fake
-def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-def nccl(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
-
-
-def one_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return torch.ops.symm_mem.one_shot_all_reduce(x, "sum", group_name)
-
-
-def two_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    out = x.clone()
-    torch.ops.symm_mem.two_shot_all_reduce_(out, "sum", group_name)
-    return out
+IMPLEMENTATIONS = {"nccl": "one_all_reduce", "one_shot": "symm_mem_one_shot", "two_shot": "symm_mem_two_shot"}
+all_reduce = ops.all_reduce
+nccl, one_shot = ops.one_all_reduce, ops.symm_mem_one_shot
 
 
 def register() -> None:
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
-
-    register_custom_op_autotuning(all_reduce, configs=[CustomOpConfig(f) for f in (nccl, one_shot, two_shot)])
+    ops.register(tuple(IMPLEMENTATIONS.values()))
 
 
 def implementation_of(choice_name: str) -> str:
-    for name in CHOICES:
-        if f"_autotuned_{name}_" in choice_name:
-            return name
+    for short_name, impl in IMPLEMENTATIONS.items():
+        if f"_autotuned_{impl}_" in choice_name:
+            return short_name
     return "default"  # the op's own (NCCL) implementation
 
 

@@ -70,8 +70,8 @@ def main() -> None:
         dist.init_process_group("gloo")
         dtype = torch.float32
     rank = dist.get_rank()
-    ops.register(args.device)
-    model = TPBlock(args.hidden, args.ffn, dist.group.WORLD, device).to(dtype)
+    ops.register(tuple(ops.IMPLEMENTATIONS) if args.device == "cuda" else ops.CPU_IMPLEMENTATIONS)
+    model = TPBlock(args.hidden, args.ffn, dist.group.WORLD, device).to(dtype).requires_grad_(False)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
 

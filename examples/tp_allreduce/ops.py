@@ -54,14 +54,29 @@ def symm_mem_two_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return out
 
 
-def register(device: str) -> list[str]:
-    """Register the implementations for autotuning; returns their names."""
-    configs = [
-        CustomOpConfig(one_all_reduce),
-        CustomOpConfig(reduce_scatter_all_gather),
-        CustomOpConfig(chunked_all_reduce, chunks=4),
-    ]
-    if device == "cuda":
-        configs += [CustomOpConfig(symm_mem_one_shot), CustomOpConfig(symm_mem_two_shot)]
-    register_custom_op_autotuning(all_reduce, configs=configs)
-    return [repr(c) for c in configs]
+def _give_two_shot_a_fake_kernel() -> None:
+    # torch 2.11 has none, and Inductor infers each choice's layout by running it on
+    # fake tensors. The op reduces in place and returns its input.
+    try:
+        torch.library.register_fake("symm_mem::two_shot_all_reduce_")(
+            lambda input, reduce_op, group_name: input
+        )
+    except RuntimeError:
+        pass  # this torch already has one
+
+
+IMPLEMENTATIONS = {
+    "one_all_reduce": CustomOpConfig(one_all_reduce),
+    "reduce_scatter_all_gather": CustomOpConfig(reduce_scatter_all_gather),
+    "chunked_all_reduce": CustomOpConfig(chunked_all_reduce, chunks=4),
+    "symm_mem_one_shot": CustomOpConfig(symm_mem_one_shot),
+    "symm_mem_two_shot": CustomOpConfig(symm_mem_two_shot),
+}
+CPU_IMPLEMENTATIONS = ("one_all_reduce", "reduce_scatter_all_gather", "chunked_all_reduce")
+
+
+def register(names: tuple[str, ...]) -> None:
+    """Register the named implementations of tp_demo::all_reduce for autotuning."""
+    if any(n.startswith("symm_mem") for n in names):
+        _give_two_shot_a_fake_kernel()
+    register_custom_op_autotuning(all_reduce, configs=[IMPLEMENTATIONS[n] for n in names])
