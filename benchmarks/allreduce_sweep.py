@@ -45,7 +45,6 @@ from examples.tp_allreduce import ops  # noqa: E402
 
 IMPLEMENTATIONS = {"nccl": "one_all_reduce", "one_shot": "symm_mem_one_shot", "two_shot": "symm_mem_two_shot"}
 all_reduce = ops.all_reduce
-nccl, one_shot = ops.one_all_reduce, ops.symm_mem_one_shot
 
 
 def register() -> None:
@@ -117,36 +116,19 @@ def run_ours(out_path: str, sizes: list[int], repeats: int) -> None:
         CollectiveBenchmarker,
     )
     from torch._inductor.runtime.collective_protocol import CollectiveSession
-    from torch.distributed import _symmetric_memory as symm_mem
-
     group = dist.group.WORLD
     gname = group.group_name
-    if hasattr(symm_mem, "enable_symm_mem_for_group"):
-        symm_mem.enable_symm_mem_for_group(gname)
     register()
     store = dist.distributed_c10d._get_default_store()
     rows = []
     for size in sizes:
         numel = size // 2
         x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
-        xs = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
-        symm_mem.rendezvous(xs, gname)
-        xs.copy_(x)
-        # The implementations as the model runs them: symmetric-memory input for
-        # one-shot; two-shot copies into symmetric memory itself (Inductor realises
-        # its clone as a symmetric buffer).
-        buf = symm_mem.empty(numel, dtype=torch.bfloat16, device="cuda")
-        symm_mem.rendezvous(buf, gname)
-
-        def two_shot_call() -> torch.Tensor:
-            buf.copy_(x)
-            torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gname)
-            return buf
-
+        # The implementations exactly as the compiled model calls them.
         calls = {
-            "nccl": lambda: nccl(x, gname),
-            "one_shot": lambda: one_shot(xs, gname),
-            "two_shot": two_shot_call,
+            "nccl": lambda: ops.one_all_reduce(x, gname),
+            "one_shot": lambda: ops.symm_mem_one_shot_all_reduce(x, gname),
+            "two_shot": lambda: ops.symm_mem_two_shot_all_reduce(x, gname),
         }
         truth = {name: graph_us(fn) for name, fn in calls.items()}
         truth_eager = {name: eager_us(fn) for name, fn in calls.items()}
@@ -169,7 +151,7 @@ def run_ours(out_path: str, sizes: list[int], repeats: int) -> None:
                 start_records = len(collective_autotune_records())
                 compiled = torch.compile(lambda t: all_reduce(t, gname), fullgraph=True, dynamic=False)
                 y = compiled(x)
-                torch.testing.assert_close(y, nccl(x, gname), rtol=2e-2, atol=2e-2)
+                torch.testing.assert_close(y, ops.one_all_reduce(x, gname), rtol=2e-2, atol=2e-2)
                 (record,) = collective_autotune_records()[start_records:]
             pick = collections.Counter(picks).most_common(1)[0][0]
             rows.append(
@@ -218,9 +200,13 @@ def run_upstream(out_path: str, sizes: list[int], repeats: int) -> None:
         x = torch.randn(size // 2, dtype=torch.bfloat16, device="cuda")
         torch._dynamo.reset()
         compiled = torch.compile(lambda t: all_reduce(t, gname), fullgraph=True, dynamic=False)
-        compiled(x)
-        name, ms = selected[-1]
-        rows.append({"bytes": size, "upstream_pick": implementation_of(name), "upstream_autotune_ms": slowest(ms)})
+        try:
+            compiled(x)
+            name, ms = selected[-1]
+            pick = implementation_of(name)
+        except Exception as e:  # noqa: BLE001 - upstream's failure is the result
+            pick, ms = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}", float("nan")
+        rows.append({"bytes": size, "upstream_pick": pick, "upstream_autotune_ms": slowest(ms)})
         if dist.get_rank() == 0:
             print(json.dumps(rows[-1]), flush=True)
     if dist.get_rank() == 0:

@@ -3,7 +3,8 @@
 ``tp_demo::all_reduce(x, group_name)`` sums ``x`` over the ranks of a process group.
 Its implementations cost genuinely different amounts: one all-reduce; a
 reduce-scatter followed by an all-gather; the same all-reduce cut into chunks; and,
-on CUDA, the symmetric-memory one-shot and two-shot kernels.
+on CUDA, the symmetric-memory one-shot and two-shot kernels (as opaque ops that own
+their symmetric buffers, the way production custom all-reduces integrate).
 """
 
 from __future__ import annotations
@@ -44,25 +45,55 @@ def chunked_all_reduce(x: torch.Tensor, group_name: str, chunks: int = 4) -> tor
     )
 
 
+# The symmetric-memory kernels need their input in symmetric memory of the group.
+# Like production custom all-reduces (vLLM, TensorRT-LLM), these opaque ops own such
+# buffers and copy the input in; Inductor recognises them as collectives by name.
+_symm_buffers: dict[tuple, torch.Tensor] = {}
+
+
+def _symm_buffer(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """A symmetric buffer like ``x``, made (collectively, on first use) per shape."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    key = (x.numel(), x.dtype, x.device, group_name)
+    if key not in _symm_buffers:
+        buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+        symm_mem.rendezvous(buf, group_name)
+        _symm_buffers[key] = buf
+    return _symm_buffers[key].view_as(x)
+
+
+@torch.library.custom_op("tp_demo::symm_mem_one_shot_all_reduce", mutates_args=())
+def symm_mem_one_shot_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    buf = _symm_buffer(x, group_name)
+    buf.copy_(x)
+    return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)
+
+
+@torch.library.custom_op("tp_demo::symm_mem_two_shot_all_reduce", mutates_args=())
+def symm_mem_two_shot_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    buf = _symm_buffer(x, group_name)
+    buf.copy_(x)
+    torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", group_name)
+    return buf.clone()  # the buffer is reused by the next call
+
+
+@symm_mem_one_shot_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@symm_mem_two_shot_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def symm_mem_one_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return torch.ops.symm_mem.one_shot_all_reduce(x, "sum", group_name)
+    return symm_mem_one_shot_all_reduce(x, group_name)
 
 
 def symm_mem_two_shot(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    out = x.clone()
-    torch.ops.symm_mem.two_shot_all_reduce_(out, "sum", group_name)
-    return out
-
-
-def _give_two_shot_a_fake_kernel() -> None:
-    # torch 2.11 has none, and Inductor infers each choice's layout by running it on
-    # fake tensors. The op reduces in place and returns its input.
-    try:
-        torch.library.register_fake("symm_mem::two_shot_all_reduce_")(
-            lambda input, reduce_op, group_name: input
-        )
-    except RuntimeError:
-        pass  # this torch already has one
+    return symm_mem_two_shot_all_reduce(x, group_name)
 
 
 IMPLEMENTATIONS = {
@@ -77,6 +108,4 @@ CPU_IMPLEMENTATIONS = ("one_all_reduce", "reduce_scatter_all_gather", "chunked_a
 
 def register(names: tuple[str, ...]) -> None:
     """Register the named implementations of tp_demo::all_reduce for autotuning."""
-    if any(n.startswith("symm_mem") for n in names):
-        _give_two_shot_a_fake_kernel()
     register_custom_op_autotuning(all_reduce, configs=[IMPLEMENTATIONS[n] for n in names])

@@ -162,6 +162,7 @@ def detect_collective(
         return False, None
     # For later graphs at least, where the op's name and schema did not reveal it.
     _disable_graph_caches(op_overload)
+    _give_default_choice_its_arguments(choices, op_overload, non_tensor_args)
     for kwargs in non_tensor_args:
         groups.extend(v for k, v in kwargs.items() if k in _GROUP_ARGUMENTS)
 
@@ -182,6 +183,23 @@ def detect_collective(
             "synchronise, it is timed without waiting for peers"
         )
     return True, group
+
+
+def _give_default_choice_its_arguments(
+    choices: Sequence[ChoiceCaller], op: Any, non_tensor_args: Sequence[dict[str, Any]]
+) -> None:
+    """Let the op's own implementation be inlined when the group picks it.
+
+    torch 2.11 appends that choice without the op's non-tensor arguments (2.13 passes
+    them), so it cannot become the op's output node, yet it is what every rank falls
+    back to when the group does not assemble.
+    """
+    default = _default_choice(choices)
+    schema = getattr(op, "_schema", None)
+    if getattr(default, "kwargs", None) or schema is None or not non_tensor_args:
+        return
+    names = {a.name for a in schema.arguments}
+    default.kwargs = {k: v for k, v in non_tensor_args[0].items() if k in names}
 
 
 def _group_arguments(op: Any, args: Sequence[Any], kwargs: dict[str, Any], gm: Any) -> list[Any]:
