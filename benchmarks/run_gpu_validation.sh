@@ -19,12 +19,13 @@ if [[ $WHAT == smoke ]]; then
   timeout 150 python3 -m pytest test/inductor/test_collective_autotuning.py -q -x -k "cuda and one_all_reduce and 2" > "$OUT/pytest_smoke.log" 2>&1; echo "pytest rc=$?"
 fi
 if [[ $WHAT == tests || $WHAT == all ]]; then
-  timeout 280 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"
-  timeout 280 python3 -m pytest test -q -k cuda > "$OUT/pytest_spawn.log" 2>&1; echo "spawn pytest rc=$?"
+  timeout 200 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 > "$OUT/demo_n$N.log" 2>&1; echo "demo rc=$?"
+  timeout 240 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"
+  timeout 270 python3 -m pytest test -q -k cuda > "$OUT/pytest_spawn_n$N.log" 2>&1; echo "spawn pytest rc=$?"
 fi
 if [[ $WHAT == sweep || $WHAT == all ]]; then
   V=$(python3 -c "import torch; print(torch.__version__)")
-  timeout 330 torchrun --nproc_per_node="$N" benchmarks/allreduce_sweep.py ours --out "$OUT/ours.json" > "$OUT/sweep_ours.log" 2>&1; echo "ours rc=$?"
+  timeout 420 torchrun --nproc_per_node="$N" benchmarks/allreduce_sweep.py ours --out "$OUT/ours.json" > "$OUT/sweep_ours.log" 2>&1; echo "ours rc=$?"
   python3 tools/overlay.py --python python3 remove
   timeout 150 torchrun --nproc_per_node="$N" benchmarks/allreduce_sweep.py upstream --out "$OUT/upstream.json" > "$OUT/sweep_upstream.log" 2>&1; echo "upstream rc=$?"
   python3 tools/overlay.py --python python3 apply
