@@ -284,7 +284,8 @@ def select_collective_choice(
 
     settings = BenchmarkSettings.from_config()
     group_name = process_group.group_name
-    op_key = _digest(name, [_node_meta(n) for n in input_nodes], str(layout))
+    # No device index in the key: rank r's tensors live on cuda:r.
+    op_key = _digest(name, [_node_meta(n) for n in input_nodes], _node_meta(layout))
     _session_counts[group_name, op_key] += 1
     session_key = f"{op_key}.{_session_counts[group_name, op_key]}"
     names = tuple(c.name for c in choices)
@@ -552,7 +553,10 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
 
 
 def _node_meta(node: Any) -> str:
-    return f"{node.get_size()}/{node.get_stride()}/{node.get_dtype()}"
+    """Size, stride and dtype of an IR node or layout (not its device)."""
+    if hasattr(node, "get_size"):
+        return f"{node.get_size()}/{node.get_stride()}/{node.get_dtype()}"
+    return f"{node.size}/{node.stride}/{node.dtype}"
 
 
 def _digest(*parts: Any) -> str:
