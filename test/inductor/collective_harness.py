@@ -244,7 +244,8 @@ def short(choice_name: str) -> str:
     """The implementation's own name in an Inductor choice name ("default" for the op's)."""
     if "_autotuned_" not in choice_name or choice_name.endswith("_fallback_default"):
         return "default"
-    return re.split(r"_(?:delay_ms|group_name)__", choice_name.split("_autotuned_")[1])[0]
+    # 2.13 writes "_group_name__0", 2.11 "_group_name_0"
+    return re.split(r"_(?:delay_ms|group_name)_", choice_name.split("_autotuned_")[1])[0]
 
 
 # torch 2.11 adds the op's own implementation to the choices only the first time the

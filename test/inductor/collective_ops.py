@@ -189,10 +189,10 @@ def all_gather_functional(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 
 def all_gather_by_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    # This rank's rows in place, zeros elsewhere, summed over the group.
     group = group_of(group_name)
-    full = x.new_zeros((x.shape[0] * group.size(), *x.shape[1:]))
-    rank = dist.get_rank(group)
-    full = torch.cat([full[: rank * x.shape[0]], x, full[(rank + 1) * x.shape[0]:]])
+    rows, rank = x.shape[0], dist.get_rank(group)
+    full = torch.nn.functional.pad(x, (0, 0, rank * rows, (group.size() - rank - 1) * rows))
     return fc.wait_tensor(fc.all_reduce(full, "sum", group_name))
 
 

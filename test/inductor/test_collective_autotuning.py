@@ -162,7 +162,10 @@ def test_slowest_rank_rule(world_size, uneven_ms, mean_uneven_ms, device):
     # By construction "uneven" adds less delay on average over the ranks (the
     # collective itself costs the same) and is faster on its fast ranks ...
     assert mean_uneven_ms < even_ms
-    assert uneven.min_us < even.min_us
+    if device == "cpu":
+        # On GPUs each sample starts with a rendezvous call, so a rank's delay
+        # holds up its peers as it would in a running model: no fast ranks left.
+        assert uneven.min_us < even.min_us
     # ... but its slowest rank is slower than "even" is anywhere, so "even" wins.
     assert uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
     assert uneven.max_us > even.max_us

@@ -267,7 +267,7 @@ class CollectiveBenchmarker:
                 outcome = "ok" if reference is None else _screen(out, reference)
                 if outcome == "ok":
                     estimates[i] = self._time_calls(
-                        candidate.run, self.settings.warmup, topic
+                        candidate.run, self.settings.warmup, topic, candidate.run
                     )
             except CollectiveAutotuneError:
                 raise
@@ -337,13 +337,11 @@ class CollectiveBenchmarker:
             # spreads over all of them instead of favouring one.
             for _ in range(self.settings.nruns):
                 for i in live:
-                    replay = replays[i]
+                    run, replay = candidates[i].run, replays[i]
                     if replay is not None:
-                        samples[i].append(self._time_calls(replay, 1, "timing") / calls[i])
+                        samples[i].append(self._time_calls(replay, 1, "timing", run) / calls[i])
                     else:
-                        samples[i].append(
-                            self._time_calls(candidates[i].run, calls[i], "timing")
-                        )
+                        samples[i].append(self._time_calls(run, calls[i], "timing", run))
         except CollectiveAutotuneError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -396,12 +394,22 @@ class CollectiveBenchmarker:
             ) from error
         return f"failed: {text}"
 
-    def _time_calls(self, fn: Callable[[], Any], count: int, topic: str) -> float:
-        """Microseconds per call of ``count`` back-to-back calls, after a barrier."""
+    def _time_calls(
+        self, fn: Callable[[], Any], count: int, topic: str, rendezvous: Callable[[], Any]
+    ) -> float:
+        """Microseconds per call of ``count`` back-to-back calls of ``fn``.
+
+        On GPUs the ranks leave the barrier apart by host skew comparable to a
+        microsecond collective; one untimed ``rendezvous`` call (a collective of the
+        choice itself) waits for the last rank, so the timed calls start together.
+        A gloo collective blocks the host, so on the CPU the barrier aligns ranks to
+        well within a millisecond collective, and each rank's own cost stays its own.
+        """
         self._barrier(topic)
         if self.device.type == "cuda":
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            rendezvous()
             start.record()
             for _ in range(count):
                 fn()
