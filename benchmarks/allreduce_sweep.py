@@ -151,7 +151,9 @@ def run_ours(out_path: str, sizes: list[int], repeats: int) -> None:
                 start_records = len(collective_autotune_records())
                 compiled = torch.compile(lambda t: all_reduce(t, gname), fullgraph=True, dynamic=False)
                 y = compiled(x)
-                torch.testing.assert_close(y, ops.one_all_reduce(x, gname), rtol=2e-2, atol=2e-2)
+                # bf16 sums in another order (ring, one-shot, two-shot): the screen's tolerance
+                ref = ops.one_all_reduce(x, gname)
+                torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item())
                 (record,) = collective_autotune_records()[start_records:]
             pick = collections.Counter(picks).most_common(1)[0][0]
             rows.append(
