@@ -339,3 +339,25 @@ def test_overlay_refuses_unsupported_versions_and_changed_files(tmp_path):
     assert refused.returncode == 2 and "does not apply" in refused.stderr
     assert {p: p.read_bytes() for p in torch_dir.rglob("*.py")} == before
     assert not (torch_dir / ".collective_autotuning_overlay").exists()
+
+
+# -- a wrong-and-fast choice never wins -------------------------------------------------------
+
+
+def wrong_and_fast_body(r: Rank) -> list:
+    def skips_the_reduction(x, group_name, delay_ms="0"):
+        return x * 1.0  # no communication at all: fastest, and wrong
+
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), skips_the_reduction)
+    group = dist.group.WORLD.group_name
+    return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrong_and_fast_choice_is_rejected_on_every_rank(device):
+    per_rank = assert_all_ok(run_ranks(2, wrong_and_fast_body, device=device))
+    (record,), (other,) = per_rank
+    assert record == other
+    status = {short(t.name): t.status for t in record.timings}
+    assert "rejected: output differs from the reference" in status["skips_the_reduction"]
+    assert short(record.winner) != "skips_the_reduction"
