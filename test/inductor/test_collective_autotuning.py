@@ -21,7 +21,15 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 import collective_ops as ops
-from collective_harness import assert_all_ok, compile_and_check, DEVICES, Rank, run_ranks, short
+from collective_harness import (
+    assert_all_ok,
+    compile_and_check,
+    DEVICES,
+    fallback_names,
+    Rank,
+    run_ranks,
+    short,
+)
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -361,3 +369,16 @@ def test_wrong_and_fast_choice_is_rejected_on_every_rank(device):
     status = {short(t.name): t.status for t in record.timings}
     assert "rejected: output differs from the reference" in status["skips_the_reduction"]
     assert short(record.winner) != "skips_the_reduction"
+
+
+def deterministic_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = dist.group.WORLD.group_name
+    with torch._inductor.config.patch(deterministic=True):
+        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+def test_deterministic_mode_agrees_on_the_op_itself_untimed():
+    (a,), (b,) = assert_all_ok(run_ranks(2, deterministic_body))
+    assert a == b and a.decision == "use" and a.timings == ()
+    assert short(a.winner) in fallback_names("one_all_reduce") and "deterministic" in a.reason

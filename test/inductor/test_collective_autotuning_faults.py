@@ -120,10 +120,14 @@ def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(device):
 # -- a choice that raises at run time on one rank -------------------------------------------
 
 
-def raises_body(r: Rank) -> list:
+PLANTED_FAULTS = {"raises": ops.fail_on_rank, "dies": ops.exit_on_rank}
+
+
+def planted_fault_body(r: Rank, fault: str) -> list:
+    """A choice named ``fault`` that raises, or exits, on rank 1 before its all-reduce."""
     ops.register_all_reduce(
         ops.all_reduce_then("one_all_reduce"),
-        ops.all_reduce_then("raises", before=lambda x: ops.fail_on_rank(x, 1)),
+        ops.all_reduce_then(fault, before=lambda x: PLANTED_FAULTS[fault](x, 1)),
     )
     group = world()
     with patched_timeout():
@@ -132,7 +136,7 @@ def raises_body(r: Rank) -> list:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(device):
-    results = run_ranks(2, raises_body, device=device, breaks_the_group=True)
+    results = run_ranks(2, planted_fault_body, "raises", device=device, breaks_the_group=True)
     for result in results:
         assert result.error is not None, f"rank {result.rank} went on: {result.value}"
         assert "CollectiveAutotuneError" in result.error
@@ -220,19 +224,9 @@ def test_two_groups_tuning_concurrently_one_starting_late(device):
 # -- a rank killed mid-session ------------------------------------------------------------------------
 
 
-def killed_body(r: Rank) -> list:
-    ops.register_all_reduce(
-        ops.all_reduce_then("one_all_reduce"),
-        ops.all_reduce_then("dies", before=lambda x: ops.exit_on_rank(x, 1)),
-    )
-    group = world()
-    with patched_timeout():
-        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_rank_killed_mid_session(device):
-    survivor, dead = run_ranks(2, killed_body, device=device, breaks_the_group=True)
+    survivor, dead = run_ranks(2, planted_fault_body, "dies", device=device, breaks_the_group=True)
     assert dead.wall_s is None  # it never reported
     assert survivor.error is not None and "CollectiveAutotuneError" in survivor.error
     assert "dies" in survivor.error

@@ -281,6 +281,7 @@ def select_collective_choice(
     """
     import torch.distributed as dist
     from torch._dynamo.utils import counters
+    from torch._inductor import config
 
     settings = BenchmarkSettings.from_config()
     group_name = process_group.group_name
@@ -306,7 +307,9 @@ def select_collective_choice(
     try:
         decision = session.agree(
             Join(session.rank, _digest(op_key, names), names, runnable),
-            decide=functools.partial(_decide, default_name=default.name),
+            decide=functools.partial(
+                _decide, default_name=default.name, timing_allowed=not config.deterministic
+            ),
             fallback=lambda reason: Decision("use", (default.name,), reason),
         )
         waited_s = time.monotonic() - arrived
@@ -332,7 +335,10 @@ def select_collective_choice(
             winner, picked_because = _pick(picked, timings, default)
             reason = f"{decision.reason}; {picked_because}"
     finally:
-        session.close()
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - the store may be gone with a dead rank
+            log.debug("could not close session %s", session_key, exc_info=True)
     tuning_s = time.monotonic() - arrived
 
     record = CollectiveAutotuneRecord(
@@ -357,7 +363,7 @@ def select_collective_choice(
     return winner
 
 
-def _decide(joins: list[Join], default_name: str) -> Decision:
+def _decide(joins: list[Join], default_name: str, timing_allowed: bool) -> Decision:
     """The session's decision from every rank's join (runs on one rank)."""
     first = joins[0]
     differing = [j.rank for j in joins if j.fingerprint != first.fingerprint]
@@ -377,6 +383,9 @@ def _decide(joins: list[Join], default_name: str) -> Decision:
         return Decision("use", (default_name,), f"no choice builds on every rank{note}")
     if len(runnable) == 1:
         return Decision("use", tuple(runnable), f"the only choice built on every rank{note}")
+    if not timing_allowed:
+        chosen = default_name if default_name in runnable else runnable[0]
+        return Decision("use", (chosen,), f"config.deterministic: untimed{note}")
     return Decision("benchmark", tuple(runnable), f"benchmarked on every rank{note}")
 
 
