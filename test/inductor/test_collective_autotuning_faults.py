@@ -295,3 +295,22 @@ def test_unparsable_environment_value_names_the_variable():
     )
     assert done.returncode != 0
     assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS='many' is not a valid int" in done.stderr
+
+
+# -- ranks with different compile histories -------------------------------------------------------
+
+
+def different_histories_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = world()
+    if r.rank == 0:
+        # Inductor numbers subgraph choices with a process-wide counter: this
+        # compile, on rank 0 alone, shifts rank 0's numbers.
+        compile_and_check(lambda x: ops.scale(x) + 1, torch.randn(8, 8, device=r.device))
+    return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ranks_with_different_compile_histories_still_tune_together(device):
+    (a,), (b,) = assert_all_ok(run_ranks(2, different_histories_body, device=device))
+    assert a == b and a.decision == "benchmark"

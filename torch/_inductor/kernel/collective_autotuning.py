@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import math
+import re
 import time
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
@@ -289,11 +290,12 @@ def select_collective_choice(
     op_key = _digest(name, [_node_meta(n) for n in input_nodes], _node_meta(layout))
     _session_counts[group_name, op_key] += 1
     session_key = f"{op_key}.{_session_counts[group_name, op_key]}"
-    names = tuple(c.name for c in choices)
-    default = _default_choice(choices)
+    by_name = {_stable_name(c): c for c in choices}
+    names = tuple(by_name)
+    default = _stable_name(_default_choice(choices))
     device = layout.device
 
-    runnable = tuple(c.name for c in choices if _build(c, device))
+    runnable = tuple(n for n, c in by_name.items() if _build(c, device))
     session = CollectiveSession(
         dist.distributed_c10d._get_default_store(),
         group_name,
@@ -308,12 +310,11 @@ def select_collective_choice(
         decision = session.agree(
             Join(session.rank, _digest(op_key, names), names, runnable),
             decide=functools.partial(
-                _decide, default_name=default.name, timing_allowed=not config.deterministic
+                _decide, default_name=default, timing_allowed=not config.deterministic
             ),
-            fallback=lambda reason: Decision("use", (default.name,), reason),
+            fallback=lambda reason: Decision("use", (default,), reason),
         )
         waited_s = time.monotonic() - arrived
-        by_name = {c.name: c for c in choices}
         if not decision.choices or decision.choices[0] not in by_name:
             raise CollectiveAutotuneError(
                 f"{name}: the group decided on {decision.choices or 'no choice'} "
@@ -323,16 +324,17 @@ def select_collective_choice(
         winner = by_name[decision.choices[0]]
         reason = decision.reason
         if decision.kind == "benchmark":
-            picked = [by_name[n] for n in decision.choices]
+            picked = list(decision.choices)
             # Lowering runs with the Python dispatcher on; a gloo worker thread would
             # inherit it and wait for the GIL that this thread holds in wait_tensor
             # (Inductor's regular benchmarking deadlocks so on gloo collectives).
             with no_python_dispatcher():
                 timings = tuple(
-                    _benchmark(selector, picked, default, input_nodes, layout,
+                    _benchmark(selector, by_name, picked, default, input_nodes, layout,
                                input_gen_fns, process_group, settings, session)
                 )
-            winner, picked_because = _pick(picked, timings, default)
+            best, picked_because = _pick(picked, timings, default)
+            winner = by_name[best]
             reason = f"{decision.reason}; {picked_because}"
     finally:
         try:
@@ -349,7 +351,7 @@ def select_collective_choice(
         decision=decision.kind,
         reason=reason,
         timings=timings,
-        winner=winner.name,
+        winner=_stable_name(winner),
         waited_s=waited_s,
         tuning_s=tuning_s,
     )
@@ -390,19 +392,20 @@ def _decide(joins: list[Join], default_name: str, timing_allowed: bool) -> Decis
 
 
 def _pick(
-    choices: list[ChoiceCaller], timings: Sequence[ChoiceTiming], default: ChoiceCaller
-) -> tuple[ChoiceCaller, str]:
+    names: list[str], timings: Sequence[ChoiceTiming], default: str
+) -> tuple[str, str]:
     # The vector is identical on every rank; min() keeps the first of equal times.
-    best = min(range(len(choices)), key=lambda i: timings[i].max_us)
+    best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if math.isfinite(timings[best].max_us):
-        return choices[best], "fastest on its slowest rank"
+        return names[best], "fastest on its slowest rank"
     return default, "every choice failed on some rank; using the default implementation"
 
 
 def _benchmark(
     selector: Any,
-    choices: list[ChoiceCaller],
-    default: ChoiceCaller,
+    by_name: dict[str, ChoiceCaller],
+    names: list[str],
+    default: str,
     input_nodes: list[Any],
     layout: Any,
     input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]],
@@ -410,14 +413,16 @@ def _benchmark(
     settings: BenchmarkSettings,
     session: CollectiveSession,
 ) -> list[ChoiceTiming]:
+    choices = [by_name[n] for n in names]
     args = selector.get_inputs(choices, input_nodes, layout, input_gen_fns)
     inputs, _ = args.get_benchmark_tensors(False).unpack()
     inputs = list(inputs)
-    candidates = [Candidate(c.name, _runner(c, inputs)) for c in choices]
+    # Vote topics carry these names, so they must be the same on every rank.
+    candidates = [Candidate(n, _runner(c, inputs)) for n, c in zip(names, choices)]
     if any(_uses_symmetric_memory(c) for c in choices):
         if not _move_to_symmetric_memory(inputs, process_group, session):
             candidates = [
-                Candidate(c.name, _unavailable("symmetric memory unavailable on this group"))
+                Candidate(cand.name, _unavailable("symmetric memory unavailable on this group"))
                 if _uses_symmetric_memory(c) else cand
                 for c, cand in zip(choices, candidates)
             ]
@@ -427,7 +432,7 @@ def _benchmark(
         for t, p in zip(inputs, pristine):
             t.copy_(p)
 
-    reference = choices.index(default) if default in choices else 0
+    reference = names.index(default) if default in names else 0
     return CollectiveBenchmarker(process_group, layout.device, settings, session).benchmark(
         candidates, reset_inputs, reference
     )
@@ -524,6 +529,15 @@ def _uses_symmetric_memory(choice: ChoiceCaller) -> bool:
         for node in gm.graph.nodes
         if isinstance(node.target, torch._ops.OpOverload)
     )
+
+
+def _stable_name(choice: ChoiceCaller) -> str:
+    """The choice's name without the process-wide counter Inductor appends to
+    subgraph choices ("..._group_name_0_12"): ranks with different compile histories
+    number the same choice differently."""
+    if getattr(choice, "gm", None) is None:
+        return choice.name
+    return re.sub(r"_\d+$", "", choice.name)
 
 
 def _default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
