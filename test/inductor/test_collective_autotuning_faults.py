@@ -314,3 +314,32 @@ def different_histories_body(r: Rank) -> list:
 def test_ranks_with_different_compile_histories_still_tune_together(device):
     (a,), (b,) = assert_all_ok(run_ranks(2, different_histories_body, device=device))
     assert a == b and a.decision == "benchmark"
+
+
+# -- a rank that tuned an op alone does not desynchronise later sessions ---------------------------
+
+
+def tuned_alone_body(r: Rank) -> list:
+    register_two_choices()
+    group = world()
+    x = torch.randn(8, 8, device=r.device)
+    start = len(collective_autotune_records())
+    with patched_timeout(2 * TIMEOUT_S):
+        if r.rank == 0:
+            compile_and_check(lambda t: ops.all_reduce(t, group), x)  # alone: falls back
+        else:
+            ops.all_reduce(x, group)  # the eager calls that pair with rank 0's
+            ops.all_reduce(x, group)
+            # Rank 0 starts its next session for the op right away (its session
+            # number is now one ahead): arrive while it waits there.
+            time.sleep(TIMEOUT_S / 2)
+        torch._dynamo.reset()
+        compile_and_check(lambda t: ops.all_reduce(t, group), x)
+    return collective_autotune_records()[start:]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rank_that_tuned_alone_does_not_desynchronise_later_sessions(device):
+    alone, together = assert_all_ok(run_ranks(2, tuned_alone_body, device=device))
+    assert alone[0].decision == "use" and len(together) == 1
+    assert alone[1] == together[0] and together[0].decision == "benchmark"

@@ -39,6 +39,7 @@ from torch._inductor.runtime.collective_protocol import (
     CollectiveSession,
     Decision,
     Join,
+    session_number,
 )
 
 
@@ -75,8 +76,7 @@ class CollectiveAutotuneRecord:
 
 
 _records: list[CollectiveAutotuneRecord] = []
-# How many sessions this process opened per (group, op and shapes): the k-th
-# session of a rank meets the k-th session of its peers.
+# The number of this process's last session per (group, op and shapes).
 _session_counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
 
@@ -288,8 +288,10 @@ def select_collective_choice(
     group_name = process_group.group_name
     # No device index in the key: rank r's tensors live on cuda:r.
     op_key = _digest(name, [_node_meta(n) for n in input_nodes], _node_meta(layout))
-    _session_counts[group_name, op_key] += 1
-    session_key = f"{op_key}.{_session_counts[group_name, op_key]}"
+    store = dist.distributed_c10d._get_default_store()
+    number = session_number(store, group_name, op_key, _session_counts[group_name, op_key] + 1)
+    _session_counts[group_name, op_key] = number
+    session_key = f"{op_key}.{number}"
     by_name = {_stable_name(c): c for c in choices}
     names = tuple(by_name)
     default = _stable_name(_default_choice(choices))
@@ -297,7 +299,7 @@ def select_collective_choice(
 
     runnable = tuple(n for n, c in by_name.items() if _build(c, device))
     session = CollectiveSession(
-        dist.distributed_c10d._get_default_store(),
+        store,
         group_name,
         session_key,
         dist.get_rank(process_group),

@@ -32,7 +32,9 @@ Deadlines (each is ``timeout`` seconds, ``collective_benchmark_timeout``):
       timeout, and ends in ABORT when it passes.
 
 Keys live under ``collective_autotune/<group name>/<session key>/`` of the default
-store; a session abandoned by a rank that never arrives leaves its few keys behind.
+store, the session key being the op's digest and a session number (see
+session_number); a session abandoned by a rank that never arrives leaves its few
+keys behind.
 """
 
 from __future__ import annotations
@@ -113,6 +115,27 @@ class Deadline:
 
     def expired(self) -> bool:
         return time.monotonic() >= self._end
+
+
+def session_number(store: Store, group_name: str, op_key: str, local_next: int) -> int:
+    """The number of this rank's next session for ``op_key`` on the group.
+
+    Ranks count their own sessions, so the k-th session of one rank meets the k-th of
+    its peers. A rank that tuned an op alone (its peers never compiled it) would
+    otherwise stay one session ahead of them for good; the group's newest number,
+    kept in the store, lets the others catch up. A rank that is merely late joins the
+    number it counted and so reads the decision it missed.
+    """
+    import torch.distributed as dist
+
+    latest = dist.PrefixStore(f"{_NAMESPACE}/{group_name}/latest/", store)
+    while True:  # publish max(local_next, newest) unless a peer raced ahead meanwhile
+        current = latest.get(op_key).decode() if latest.check([op_key]) else ""
+        number = max(local_next, int(current or 0))
+        if str(number) == current:
+            return number
+        if latest.compare_set(op_key, current, str(number)) == str(number).encode():
+            return number
 
 
 class CollectiveSession:
