@@ -220,8 +220,10 @@ def run_upstream(out_path: str, sizes: list[int], repeats: int) -> None:
 
 
 def merge(ours_path: str, upstream_path: str, out_path: str, device: str, torch_version: str) -> None:
-    ours = json.load(open(ours_path))
-    upstream = {r["bytes"]: r for r in json.load(open(upstream_path))["rows"]}
+    with open(ours_path) as f:
+        ours = json.load(f)
+    with open(upstream_path) as f:
+        upstream = {r["bytes"]: r for r in json.load(f)["rows"]}
     rows = [{**r, **{k: v for k, v in upstream[r["bytes"]].items() if k != "bytes"}} for r in ours["rows"]]
     result = {"device": device, "world_size": ours["world_size"], "torch": torch_version, "rows": rows}
     with open(out_path, "w") as f:

@@ -479,9 +479,9 @@ def _screen(out: Any, reference: torch.Tensor) -> str:
     return "ok"
 
 
-def _describe(reports: list[str], ranks: Optional[list[int]] = None) -> str:
-    ranks = list(range(len(reports))) if ranks is None else ranks
-    return "; ".join(f"rank {r}: {o}" for r, o in zip(ranks, reports) if o != "ok")
+def _describe(reports: list[str]) -> str:
+    """The group ranks' reports that are not "ok", one clause each."""
+    return "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o != "ok")
 
 
 def _model_runs_under_cuda_graphs() -> bool:
