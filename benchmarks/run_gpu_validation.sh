@@ -16,6 +16,12 @@ env | grep -E "NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE
 has() { [[ ",$WHAT," == *",$1,"* || $WHAT == all ]]; }
 if has demo; then
   timeout 200 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 > "$OUT/demo_n$N.log" 2>&1; echo "demo rc=$?"
+  # tensor-parallel subgroups inside the world, tuning concurrently (N/2 groups of 2, 2 of N/2)
+  if (( N >= 4 )); then
+    for TP in 2 $((N / 2)); do
+      timeout 200 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 --tp-size "$TP" > "$OUT/demo_n${N}_tp$TP.log" 2>&1; echo "demo tp=$TP rc=$?"
+    done
+  fi
 fi
 if has sweep; then
   V=$(python3 -c "import torch; print(torch.__version__)")

@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=2 examples/tp_allreduce/demo.py              # CPU, gloo
     torchrun --nproc_per_node=4 examples/tp_allreduce/demo.py --device cuda  # GPUs, NCCL
+    torchrun --nproc_per_node=8 examples/tp_allreduce/demo.py --device cuda --tp-size 2
 
 The block's second matmul is row-parallel, so its partial sums meet in
 ``tp_demo::all_reduce``, which has several registered implementations. torch.compile
@@ -58,6 +59,10 @@ def main() -> None:
     parser.add_argument("--tokens", default="16,256", help="comma-separated batch sizes, one compile each")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument(
+        "--tp-size", type=int, default=0,
+        help="ranks per tensor-parallel group (default: all); groups tune concurrently",
+    )
     args = parser.parse_args()
 
     if args.device == "cuda":
@@ -69,9 +74,15 @@ def main() -> None:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
         dtype = torch.float32
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp = args.tp_size or world
+    if world % tp:
+        parser.error(f"--tp-size {tp} does not divide the world size {world}")
+    # Every rank creates every group (new_group is collective over WORLD).
+    groups = [dist.new_group(list(range(start, start + tp))) for start in range(0, world, tp)]
+    group = groups[rank // tp]
     ops.register(tuple(ops.IMPLEMENTATIONS) if args.device == "cuda" else ops.CPU_IMPLEMENTATIONS)
-    model = TPBlock(args.hidden, args.ffn, dist.group.WORLD, device).to(dtype).requires_grad_(False)
+    model = TPBlock(args.hidden, args.ffn, group, device).to(dtype).requires_grad_(False)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
 
@@ -85,18 +96,21 @@ def main() -> None:
         torch.testing.assert_close(out, model.unsharded(x), rtol=tol, atol=tol * 10)
         record = collective_autotune_records()[-1]
         winners[tokens] = record.winner
-        if rank == 0:
+        if dist.get_rank(group) == 0:
             print(f"\n[{tokens} tokens x {args.hidden}, {dtype}] compiled in {compile_s:.1f} s")
             print(format_record(record))
 
-    # Every rank must have taken the same decisions: compare them across the group.
-    gathered = [None] * dist.get_world_size()
+    # Every rank of a group must have taken the same decisions.
+    gathered = [None] * world
     dist.all_gather_object(gathered, winners)
-    assert all(g == winners for g in gathered), f"ranks disagree: {gathered}"
+    for start in range(0, world, tp):
+        assert all(g == gathered[start] for g in gathered[start:start + tp]), f"ranks disagree: {gathered}"
     if rank == 0:
-        print("\nwinner per shape (identical on all ranks, outputs match eager and the unsharded block):")
-        for tokens, winner in winners.items():
-            print(f"  {tokens:>6} tokens: {winner}")
+        print("\nwinner per shape and group (identical on all ranks of a group; outputs match "
+              "eager and the unsharded block):")
+        for start in range(0, world, tp):
+            for tokens, winner in gathered[start].items():
+                print(f"  ranks {start}-{start + tp - 1}, {tokens:>6} tokens: {winner}")
     dist.destroy_process_group()
 
 
