@@ -34,7 +34,7 @@ Deadlines (each is ``timeout`` seconds, ``collective_benchmark_timeout``):
 Keys live under ``collective_autotune/<group name>/<session key>/`` of the default
 store, the session key being the op's digest and a session number (see
 session_number); a session abandoned by a rank that never arrives leaves its few
-keys behind.
+keys behind, and each op keeps one ``latest/<op>`` key for the job's lifetime.
 """
 
 from __future__ import annotations
