@@ -78,9 +78,11 @@ def main() -> None:
     tp = args.tp_size or world
     if world % tp:
         parser.error(f"--tp-size {tp} does not divide the world size {world}")
-    # Every rank creates every group (new_group is collective over WORLD).
-    groups = [dist.new_group(list(range(start, start + tp))) for start in range(0, world, tp)]
-    group = groups[rank // tp]
+    if tp == world:
+        group = dist.group.WORLD
+    else:  # every rank creates every group: new_group is collective over WORLD
+        groups = [dist.new_group(list(range(start, start + tp))) for start in range(0, world, tp)]
+        group = groups[rank // tp]
     ops.register(tuple(ops.IMPLEMENTATIONS) if args.device == "cuda" else ops.CPU_IMPLEMENTATIONS)
     model = TPBlock(args.hidden, args.ffn, group, device).to(dtype).requires_grad_(False)
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
