@@ -120,10 +120,9 @@ def _disable_graph_caches(op: Any) -> None:
             "only if every rank's caches hold the same entries)"
         )
         if config.fx_graph_cache:
-            log.warning(
-                "TORCHINDUCTOR_FX_GRAPH_CACHE forces the FX graph cache on: a rank with "
-                "a warm cache can skip the autotuning of %s that its peers wait for",
-                _op_name(op),
+            _warn_once(
+                "TORCHINDUCTOR_FX_GRAPH_CACHE forces the FX graph cache on: a rank with a "
+                f"warm cache can skip the autotuning of {_op_name(op)} that its peers wait for"
             )
 
 
@@ -360,7 +359,7 @@ def select_collective_choice(
     _records.append(record)
     log.info(
         "collective autotuning %s on group %s: %s (%s; waited %.2f s for the group)",
-        name, group_name, winner.name, reason, waited_s,
+        name, group_name, record.winner, reason, waited_s,
     )
     if session.rank == 0:
         table_log.info("%s", format_record(record))
