@@ -248,12 +248,6 @@ def short(choice_name: str) -> str:
     return re.split(r"_(?:delay_ms|group_name)_", choice_name.split("_autotuned_")[1])[0]
 
 
-# torch 2.11 adds the op's own implementation to the choices only the first time the
-# op is compiled in a process; later fallbacks use the first registered one.
-def fallback_names(first_registered: str) -> set[str]:
-    return {"default", first_registered}
-
-
 def compile_and_check(fn, *inputs):
     """Compile ``fn``, check it against eager on ``inputs``; the records it made."""
     start = len(collective_autotune_records())

@@ -134,7 +134,8 @@ def _names_a_collective(op: Any) -> bool:
 
 
 def detect_collective(
-    choices: Sequence[ChoiceCaller],
+    name: str,
+    choices: list[ChoiceCaller],
     op_overload: Any,
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> tuple[bool, Optional[ProcessGroup]]:
@@ -162,7 +163,7 @@ def detect_collective(
         return False, None
     # For later graphs at least, where the op's name and schema did not reveal it.
     _disable_graph_caches(op_overload)
-    _give_default_choice_its_arguments(choices, op_overload, non_tensor_args)
+    _complete_default_choice(name, choices, op_overload, non_tensor_args)
     for kwargs in non_tensor_args:
         groups.extend(v for k, v in kwargs.items() if k in _GROUP_ARGUMENTS)
 
@@ -185,21 +186,48 @@ def detect_collective(
     return True, group
 
 
-def _give_default_choice_its_arguments(
-    choices: Sequence[ChoiceCaller], op: Any, non_tensor_args: Sequence[dict[str, Any]]
-) -> None:
-    """Let the op's own implementation be inlined when the group picks it.
+# torch 2.11's op's-own-implementation choices made here, one per autotune name.
+_default_choices: dict[str, Any] = {}
 
-    torch 2.11 appends that choice without the op's non-tensor arguments (2.13 passes
-    them), so it cannot become the op's output node, yet it is what every rank falls
-    back to when the group does not assemble.
+
+def _complete_default_choice(
+    name: str, choices: list[ChoiceCaller], op: Any, non_tensor_args: Sequence[dict[str, Any]]
+) -> None:
+    """Make the op's own implementation a complete choice, present at every compile.
+
+    It is what every rank falls back to when the group does not assemble, so ranks
+    with different compile histories must list it alike. torch 2.13 always appends
+    it, with the op's non-tensor arguments bound. torch 2.11 appends it only the
+    first time the op is compiled in a process (its extern kernel's name is taken
+    afterwards) and without those arguments, so it could not become the op's output
+    node: here it gets them, and where it is missing it is appended as 2.13 does it,
+    one extern choice per op with the arguments bound at each compile, under 2.11's
+    name for it.
     """
-    default = _default_choice(choices)
+    from torch._inductor.select_algorithm import ExternKernelCaller, ExternKernelChoice
+
     schema = getattr(op, "_schema", None)
-    if getattr(default, "kwargs", None) or schema is None or not non_tensor_args:
+    names = {a.name for a in schema.arguments} if schema is not None else set()
+    kwargs = {k: v for k, v in (non_tensor_args or [{}])[0].items() if k in names}
+    default = next((c for c in choices if isinstance(c, ExternKernelCaller)), None)
+    if default is not None:
+        if not default.kwargs:
+            default.kwargs = kwargs
         return
-    names = {a.name for a in schema.arguments}
-    default.kwargs = {k: v for k, v in non_tensor_args[0].items() if k in names}
+    if not hasattr(op, "_op"):  # not an OpOverload: nothing to call
+        return
+    if name not in _default_choices:
+        _default_choices[name] = ExternKernelChoice(
+            op,
+            name=f"{name}_collective_fallback",
+            has_out_variant=False,
+            op_overload=op,
+            use_fallback_kernel=True,
+        )
+    template = choices[0]
+    default = _default_choices[name].bind(template.input_nodes, template.layout, **kwargs)
+    default.name = f"{name}_fallback_default"
+    choices.append(default)
 
 
 def _group_arguments(op: Any, args: Sequence[Any], kwargs: dict[str, Any], gm: Any) -> list[Any]:
