@@ -15,7 +15,7 @@ env | grep -E "NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE
 
 has() { [[ ",$WHAT," == *",$1,"* || $WHAT == all ]]; }
 if has demo; then
-  timeout 200 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 > "$OUT/demo_n$N.log" 2>&1; echo "demo rc=$?"
+  timeout 120 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 > "$OUT/demo_n$N.log" 2>&1; echo "demo rc=$?"
   # tensor-parallel subgroups inside the world, tuning concurrently (N/2 groups of 2, 2 of N/2)
   if (( N >= 4 )); then
     for TP in 2 $((N / 2)); do
@@ -33,9 +33,9 @@ if has sweep; then
     --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --out "$OUT/allreduce_h200x$N.json"; echo "merge rc=$?"
 fi
 if has torchrun; then
-  timeout 240 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"
+  timeout 210 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"
 fi
 if has spawn; then
-  timeout 270 python3 -m pytest test -q -k cuda > "$OUT/pytest_spawn_n$N.log" 2>&1; echo "spawn pytest rc=$?"
+  timeout 250 python3 -m pytest test -q -k cuda > "$OUT/pytest_spawn_n$N.log" 2>&1; echo "spawn pytest rc=$?"
 fi
 tail -n 3 "$OUT"/*.log
