@@ -19,7 +19,7 @@ if has demo; then
   # tensor-parallel subgroups inside the world, tuning concurrently (N/2 groups of 2, 2 of N/2)
   if (( N >= 4 )); then
     for TP in 2 $((N / 2)); do
-      timeout 200 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 --tp-size "$TP" > "$OUT/demo_n${N}_tp$TP.log" 2>&1; echo "demo tp=$TP rc=$?"
+      timeout 100 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 --tp-size "$TP" > "$OUT/demo_n${N}_tp$TP.log" 2>&1; echo "demo tp=$TP rc=$?"
     done
   fi
 fi
