@@ -25,8 +25,12 @@ unoverlay:
 demo: overlay
 	$(VENV)/bin/torchrun --nproc_per_node=$(NPROC) examples/tp_allreduce/demo.py
 
+# Self-spawning first, then the same file with every process a rank of torchrun
+# (cases of another world size skip there).
 test: overlay
 	$(VPY) -m pytest test -q
+	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest test -q -p no:cacheprovider
+	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest test -q -p no:cacheprovider
 
 # On a GPU machine whose system python3 already has torch (no network, no venv).
 gpu-demo:

@@ -37,6 +37,11 @@ class Rank:
     rank: int
     world_size: int
     device: torch.device
+    # The group of every rank that the test's ops run on: WORLD when self-spawned.
+    # Under torchrun one process runs every test over one store, and some scenarios
+    # leave an op's sessions shifted on purpose (a rank tunes an op its peer never
+    # compiles), so each test gets a group, and store keys, of its own.
+    group: dist.ProcessGroup
 
 
 @dataclasses.dataclass
@@ -93,11 +98,12 @@ def _run_in_process(
     if not dist.is_initialized():
         _init(int(os.environ["RANK"]), world_size, "env://", device)
     rank = dist.get_rank()
+    group = dist.new_group(list(range(world_size)))
     torch._dynamo.reset()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
     try:
-        result = _call(rank, world_size, body, args, device)
+        result = _call(rank, world_size, group, body, args, device)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -177,7 +183,7 @@ def _child(
 ) -> None:
     os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
     _init(rank, world_size, f"tcp://127.0.0.1:{port}", device)
-    result = _call(rank, world_size, body, args, device)
+    result = _call(rank, world_size, dist.group.WORLD, body, args, device)
     results.put(result)
     # Give the queue's feeder thread time to flush before the process goes away.
     results.close()
@@ -217,12 +223,17 @@ def _init(rank: int, world_size: int, init_method: str, device: str) -> None:
 
 
 def _call(
-    rank: int, world_size: int, body: Callable[..., Any], args: tuple, device: str
+    rank: int,
+    world_size: int,
+    group: dist.ProcessGroup,
+    body: Callable[..., Any],
+    args: tuple,
+    device: str,
 ) -> RankResult:
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     start = time.monotonic()
     try:
-        value = body(Rank(rank, world_size, dev), *args)
+        value = body(Rank(rank, world_size, dev, group), *args)
         return RankResult(rank, value=value, wall_s=time.monotonic() - start)
     except Exception:  # noqa: BLE001 - reported to the test, which asserts on it
         return RankResult(rank, error=traceback.format_exc(), wall_s=time.monotonic() - start)

@@ -28,6 +28,7 @@ from collective_harness import (
     Rank,
     run_ranks,
     short,
+    under_torchrun,
 )
 
 
@@ -55,7 +56,7 @@ def check_agreement(results, n_ops: int, world_size: int) -> list:
 
 def one_op_body(r: Rank) -> list:
     ops.register_standard_ops()
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
 
     def f(x):
         return ops.all_reduce(x, group) * 2 + 1
@@ -80,7 +81,7 @@ def test_one_all_reduce_op(world_size, device):
 
 def three_collectives_body(r: Rank) -> list:
     ops.register_standard_ops()
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
 
     # Each op's input is a graph input or a matmul's output: torch 2.11's custom-op
     # autotuning cannot take an unrealized (pointwise) input.
@@ -110,7 +111,7 @@ def test_model_with_all_reduce_all_gather_reduce_scatter(world_size, device):
 
 def five_ops_body(r: Rank) -> list:
     ops.register_standard_ops()
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
 
     def f(x, y, w):
         a = ops.all_reduce(x, group)
@@ -143,7 +144,7 @@ def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str, default_ms: str) ->
         ops.all_reduce_then("uneven", wait_ms=uneven_ms),
         ops.all_reduce_then("even", wait_ms=even_ms),
     )
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
 
     def f(x):
         return ops.all_reduce(x, group, default_ms)
@@ -239,7 +240,7 @@ def test_non_collective_op_is_tuned_as_before(device, tmp_path):
 
 def single_rank_group_body(r: Rank) -> list:
     ops.register_standard_ops()
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
 
     def f(x):
         return ops.all_reduce(x, group) * 2
@@ -259,6 +260,8 @@ def test_without_torch_distributed_detection_warns_once_and_declines(caplog):
     from torch._inductor.kernel.collective_autotuning import detect_collective
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    if under_torchrun():
+        pytest.skip("needs a process without torch.distributed; runs under plain pytest")
     assert not dist.is_initialized()
     impl = ops.all_reduce_then("one_all_reduce")
     gm = make_fx(impl, tracing_mode="fake")(torch.randn(4, 4), "0", "0")
@@ -270,7 +273,7 @@ def test_without_torch_distributed_detection_warns_once_and_declines(caplog):
     choice.gm = gm
     with caplog.at_level(logging.WARNING, logger="torch._inductor.kernel.collective_autotuning"):
         for _ in range(3):
-            assert detect_collective([choice], torch.ops.cat_test.all_reduce.default, [{}]) == (False, None)
+            assert detect_collective("all_reduce_autotuned", [choice], torch.ops.cat_test.all_reduce.default, [{}]) == (False, None)
     warnings = [r for r in caplog.records if "not initialised" in r.getMessage()]
     assert len(warnings) == 1
 
@@ -356,7 +359,7 @@ def wrong_and_fast_body(r: Rank) -> list:
         return x * 1.0  # no communication at all: fastest, and wrong
 
     ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), skips_the_reduction)
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
     return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
 
 
@@ -372,7 +375,7 @@ def test_wrong_and_fast_choice_is_rejected_on_every_rank(device):
 
 def deterministic_body(r: Rank) -> list:
     ops.register_standard_ops()
-    group = dist.group.WORLD.group_name
+    group = r.group.group_name
     with torch._inductor.config.patch(deterministic=True):
         return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
 

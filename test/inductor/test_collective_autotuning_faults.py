@@ -29,10 +29,6 @@ TIMEOUT_S = 4.0
 COMPILE_MARGIN_S = 60.0
 
 
-def world() -> str:
-    return dist.group.WORLD.group_name
-
-
 def patched_timeout(seconds: float = TIMEOUT_S):
     return torch._inductor.config.patch(collective_benchmark_timeout=seconds)
 
@@ -46,7 +42,7 @@ def register_two_choices() -> None:
 
 def late_rank_body(r: Rank, late_rank: int, delay_s: float) -> list:
     register_two_choices()
-    group = world()
+    group = r.group.group_name
     if r.rank == late_rank:
         time.sleep(delay_s)
     with patched_timeout():
@@ -70,7 +66,7 @@ def test_rank_arriving_after_the_timeout_follows_the_decision_at_once(device):
 
 def never_tunes_body(r: Rank) -> list:
     register_two_choices()
-    group = world()
+    group = r.group.group_name
     x = torch.randn(8, 8, device=r.device)
     start = len(collective_autotune_records())
     with patched_timeout():
@@ -101,7 +97,7 @@ def unbuildable_body(r: Rank) -> list:
         ops.all_reduce_then("unbuildable", before=lambda x: ops.lowering_fails_on_rank(x, 1)),
         ops.reduce_scatter_all_gather,
     )
-    group = world()
+    group = r.group.group_name
     with patched_timeout(30.0):
         return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
 
@@ -129,7 +125,7 @@ def planted_fault_body(r: Rank, fault: str) -> list:
         ops.all_reduce_then("one_all_reduce"),
         ops.all_reduce_then(fault, before=lambda x: PLANTED_FAULTS[fault](x, 1)),
     )
-    group = world()
+    group = r.group.group_name
     with patched_timeout():
         return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
 
@@ -150,7 +146,7 @@ def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(device)
 
 def warm_cache_body(r: Rank) -> dict:
     ops.register_standard_ops()
-    group = world()
+    group = r.group.group_name
     counters.clear()
     records = compile_and_check(lambda x: ops.all_reduce(x, group) + 1, torch.randn(8, 8, device=r.device))
     return {"records": records, "fx_hits": counters["inductor"]["fxgraph_cache_hit"]}
@@ -174,7 +170,7 @@ def test_warm_caches_on_one_rank_only(device, tmp_path):
 
 def non_spmd_body(r: Rank) -> list:
     register_two_choices()
-    group = world()
+    group = r.group.group_name
 
     def fn(x):
         return ops.all_reduce(x, group) * 2
@@ -184,10 +180,11 @@ def non_spmd_body(r: Rank) -> list:
     # have the same number of elements, so the collectives the ranks run meanwhile
     # (each its own decision, the eager references) still pair up at run time.
     shapes = [(8, 8), (16, 4)] if r.rank == 0 else [(16, 4), (8, 8)]
+    records = []
     with patched_timeout():
         for shape in shapes:
-            compile_and_check(fn, torch.randn(*shape, device=r.device))
-    return sorted(collective_autotune_records(), key=lambda rec: rec.session)
+            records += compile_and_check(fn, torch.randn(*shape, device=r.device))
+    return sorted(records, key=lambda rec: rec.session)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -242,7 +239,7 @@ STRESS_TIMEOUT_S = 2.0
 
 def stress_body(r: Rank, seed: int) -> list:
     register_two_choices()
-    group = world()
+    group = r.group.group_name
     rng = random.Random(seed * 1000 + r.rank)
 
     def fn(x):
@@ -270,7 +267,7 @@ def test_stress_twenty_sessions_with_random_arrivals():
 def bad_config_body(r: Rank, patch: dict, group: str) -> None:
     ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.chunked_all_reduce)
     with torch._inductor.config.patch(patch):
-        compile_and_check(lambda x: ops.all_reduce(x, group or world()), torch.randn(8, 8))
+        compile_and_check(lambda x: ops.all_reduce(x, group or r.group.group_name), torch.randn(8, 8))
 
 
 @pytest.mark.parametrize(
@@ -302,7 +299,7 @@ def test_unparsable_environment_value_names_the_variable():
 
 def different_histories_body(r: Rank) -> list:
     ops.register_standard_ops()
-    group = world()
+    group = r.group.group_name
     if r.rank == 0:
         # Inductor numbers subgraph choices with a process-wide counter: this
         # compile, on rank 0 alone, shifts rank 0's numbers.
@@ -321,7 +318,7 @@ def test_ranks_with_different_compile_histories_still_tune_together(device):
 
 def tuned_alone_body(r: Rank) -> list:
     register_two_choices()
-    group = world()
+    group = r.group.group_name
     x = torch.randn(8, 8, device=r.device)
     start = len(collective_autotune_records())
     with patched_timeout(2 * TIMEOUT_S):

@@ -145,7 +145,9 @@ def detect_collective(
     ``group`` / ``group_name`` / ``process_group`` argument, else WORLD; choices on
     several groups synchronise over the smallest known group containing them all.
     Returns ``(False, None)``, with one warning, where collective tuning cannot
-    apply because torch.distributed is not initialised.
+    apply because torch.distributed is not initialised. For a collective op, also
+    makes the op's own implementation a complete choice (see
+    :func:`_complete_default_choice`); ``name`` is the op's autotuning name.
     """
     groups: list[Any] = []
     collective = is_collective_op(op_overload)
@@ -163,7 +165,6 @@ def detect_collective(
         return False, None
     # For later graphs at least, where the op's name and schema did not reveal it.
     _disable_graph_caches(op_overload)
-    _complete_default_choice(name, choices, op_overload, non_tensor_args)
     for kwargs in non_tensor_args:
         groups.extend(v for k, v in kwargs.items() if k in _GROUP_ARGUMENTS)
 
@@ -175,6 +176,7 @@ def detect_collective(
             "initialised: it is autotuned like any other op, on this rank alone"
         )
         return False, None
+    _complete_default_choice(name, choices, op_overload, non_tensor_args)
     group = _covering_group([_resolve_group(g, op_overload) for g in groups])
     if group.size() == 1:
         # Inductor's regular benchmarking would deadlock on gloo here (see
