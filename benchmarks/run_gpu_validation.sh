@@ -18,7 +18,7 @@ if has demo; then
   timeout 120 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 > "$OUT/demo_n$N.log" 2>&1; echo "demo rc=$?"
   # tensor-parallel subgroups inside the world, tuning concurrently (N/2 groups of 2, 2 of N/2)
   if (( N >= 4 )); then
-    for TP in 2 $((N / 2)); do
+    for TP in $(printf "%s\n" 2 $((N / 2)) | sort -un); do
       timeout 100 torchrun --nproc_per_node="$N" examples/tp_allreduce/demo.py --device cuda --tokens 16,4096 --tp-size "$TP" > "$OUT/demo_n${N}_tp$TP.log" 2>&1; echo "demo tp=$TP rc=$?"
     done
   fi
@@ -36,6 +36,6 @@ if has torchrun; then
   timeout 210 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"
 fi
 if has spawn; then
-  timeout 250 python3 -m pytest test -q -k cuda > "$OUT/pytest_spawn_n$N.log" 2>&1; echo "spawn pytest rc=$?"
+  timeout 480 python3 -m pytest test -q -k cuda --durations=8 > "$OUT/pytest_spawn_n$N.log" 2>&1; echo "spawn pytest rc=$?"
 fi
 tail -n 3 "$OUT"/*.log
