@@ -211,8 +211,8 @@ def _complete_default_choice(
     schema = getattr(op, "_schema", None)
     names = {a.name for a in schema.arguments} if schema is not None else set()
     kwargs = {k: v for k, v in (non_tensor_args or [{}])[0].items() if k in names}
-    default = next((c for c in choices if isinstance(c, ExternKernelCaller)), None)
-    if default is not None:
+    default = _default_choice(choices)
+    if isinstance(default, ExternKernelCaller):
         if not default.kwargs:
             default.kwargs = kwargs
         return
