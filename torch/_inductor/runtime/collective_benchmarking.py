@@ -1,22 +1,43 @@
 """Timing collective custom-op choices in lockstep on every rank of a process group.
 
 A collective step is as slow as its slowest participant, and collectives of 5-50 us
-are easily swamped by how far apart the ranks start and by launch gaps. So each
-sample here starts after a barrier on the op's own group and a device sync, and
-times a batch of back-to-back calls (or the replay of a captured CUDA graph of such a
-batch) sized so that skew and launch gaps are a small part of it. Per-rank medians
-are reduced with MAX in one all-reduce of the whole vector, so every rank holds the
-same numbers and so the same winner.
+are easily swamped by how far apart the ranks start and by launch gaps. So every
+timed batch here is preceded by an untimed *rendezvous* of the same choice, which
+waits for the last rank: the timed calls then start together, and how late each rank
+arrived (the rendezvous' spread across the group, reported as ``skew_us``) stays
+outside the measurement. What a batch holds depends on how the model runs:
 
-Device work happens only after the group agreed to benchmark (collective_protocol);
-every step that can fail ends in a vote, so a choice that fails on any rank is
-infinite on all of them, and a rank that cannot take part any more turns into one
-CollectiveAutotuneError on every rank within the session's deadline.
+* graph mode (the model runs under CUDA graphs): one captured CUDA graph of the
+  choice's calls, sized from the GPU time of its first call. A round enqueues, behind a
+  short GPU sleep that lets the host get ahead, ``replay; start; replay; end`` for every
+  live choice: the GPU runs them back to back as it runs the model's graph, the first
+  replay being the rendezvous.
+* eager mode: after a barrier on the group and a device sync, a rendezvous call and
+  then back-to-back eager calls, host-paced as the eager model is.
+* CPU (gloo): a barrier (which blocks the host) and back-to-back calls on a monotonic
+  clock.
+
+Rounds interleave the choices. After a few rounds, one MAX all-reduce of every choice's
+quartiles makes the ranks' views identical; a choice whose lower quartile on its
+slowest rank is above the leader's upper quartile is dropped, and sampling stops once
+the leader is alone, or the rest are within a hair of it, or the round budget is
+spent. Per-rank medians are finally reduced with MAX, so every rank holds the same
+numbers and so the same winner.
+
+Device work happens only after the group agreed to benchmark (collective_protocol).
+Every choice's first call is screened against the reference and the outcomes of all
+choices go into one vote: a choice that fails or is rejected everywhere is dropped
+everywhere, and one that raises on some ranks only (its peers may have paired its
+collectives with another choice's) makes every rank stop with a
+CollectiveAutotuneError within the session's deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import json
 import logging
 import math
 import re
@@ -55,8 +76,21 @@ _COLLECTIVE_WORDS = (
     "alltoall",
     "broadcast",
 )
-# An upper bound on calls per sample, whatever the warm-up estimate says.
+# Bounds on calls per eager sample and per captured batch, whatever the estimates say.
 _MAX_CALLS_PER_SAMPLE = 1024
+# Fewest calls per captured batch: a replay's launch costs a few microseconds, which a
+# batch of many calls makes a small part of each call.
+_MIN_GRAPH_CALLS = 8
+# Rounds before the first comparison across ranks (quartiles need a few samples);
+# host-paced eager samples on GPUs jitter more.
+_MIN_ROUNDS = 3
+_MIN_EAGER_GPU_ROUNDS = 4
+# Choices within this fraction of the leader's median are a tie: more samples would
+# not change which is faster by a margin that matters.
+_TIE_FRACTION = 0.01
+# GPU time (us) that the host gets to enqueue a graph round before the GPU reaches it:
+# a few launches and event records per choice.
+_HOST_LEAD_US = 400.0
 # Relative tolerance of the correctness screen by dtype; summation order differs
 # between implementations (ring, one-shot, two-shot), and more so at low precision.
 _SCREEN_TOLERANCE = {
@@ -112,6 +146,7 @@ class BenchmarkSettings:
     warmup: int
     timeout: float
     sample_us: float
+    graph_sample_us: float
     mode: str
 
     @staticmethod
@@ -123,6 +158,7 @@ class BenchmarkSettings:
             warmup=config.collective_benchmark_warmup,
             timeout=config.collective_benchmark_timeout,
             sample_us=config.collective_benchmark_sample_us,
+            graph_sample_us=config.collective_benchmark_graph_sample_us,
             mode=config.collective_benchmark_mode,
         )
         settings.validate()
@@ -138,10 +174,12 @@ class BenchmarkSettings:
             problems.append(
                 f"collective_benchmark_timeout={self.timeout!r}: seconds, > 0"
             )
-        if not (_is_number(self.sample_us) and self.sample_us > 0):
-            problems.append(
-                f"collective_benchmark_sample_us={self.sample_us!r}: microseconds, > 0"
-            )
+        for knob, value in (
+            ("collective_benchmark_sample_us", self.sample_us),
+            ("collective_benchmark_graph_sample_us", self.graph_sample_us),
+        ):
+            if not (_is_number(value) and value > 0):
+                problems.append(f"{knob}={value!r}: microseconds, > 0")
         if self.mode not in BENCHMARK_MODES:
             problems.append(
                 f"collective_benchmark_mode={self.mode!r}: one of {BENCHMARK_MODES}"
@@ -152,6 +190,14 @@ class BenchmarkSettings:
                 "or its TORCHINDUCTOR_* variable); expected "
                 + "; ".join(problems)
             )
+
+    def timing_mode(self, device: torch.device) -> str:
+        """"graph" or "eager": how the op's choices are timed on ``device``."""
+        if device.type != "cuda":
+            return "eager"
+        if self.mode == "auto":
+            return "graph" if _model_runs_under_cuda_graphs() else "eager"
+        return self.mode
 
 
 def _is_number(value: Any) -> bool:
@@ -178,13 +224,29 @@ class ChoiceTiming:
     calls_per_sample: int
     # "ok", or why the choice was dropped on every rank.
     status: str
+    # Timed samples (fewer than the budget once a choice was clearly slower).
+    samples: int = 0
+    # How far apart the ranks reached this choice's rendezvous call (median, us).
+    skew_us: float = 0.0
+
+
+@dataclasses.dataclass
+class _Batch:
+    """How one choice is timed: ``calls`` calls per sample, by ``run`` (or replays)."""
+
+    calls: int
+    rendezvous: Callable[[], Any]
+    timed: Callable[[], Any]
+    graph: bool
 
 
 class CollectiveBenchmarker:
     """Times choices of one collective op on every rank of ``process_group``.
 
     All ranks of the group must call :meth:`benchmark` with the same candidates in
-    the same order, after their session decided to benchmark.
+    the same order, after their session decided to benchmark. ``device`` is the
+    device of the op's own tensors: it is made current while benchmarking, whatever
+    device the program left current.
     """
 
     def __init__(
@@ -193,19 +255,15 @@ class CollectiveBenchmarker:
         device: torch.device,
         settings: BenchmarkSettings,
         session: CollectiveSession,
+        mode: Optional[str] = None,
     ) -> None:
         self.process_group = process_group
         self.settings = settings
         self.session = session
-        # The current device, never one derived from the rank.
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if device.type == "cuda"
-            else device
-        )
-        self.use_graphs = self.device.type == "cuda" and (
-            settings.mode == "graph"
-            or (settings.mode == "auto" and _model_runs_under_cuda_graphs())
+        self.device = benchmark_device(device)
+        self.mode = mode or settings.timing_mode(self.device)
+        self._min_rounds = (
+            _MIN_EAGER_GPU_ROUNDS if self.mode == "eager" and self.device.type == "cuda" else _MIN_ROUNDS
         )
         self._flag = torch.zeros(1, device=self._comm_device())
 
@@ -216,23 +274,37 @@ class CollectiveBenchmarker:
         candidates: Sequence[Candidate],
         reset_inputs: Callable[[], None],
         reference: int = 0,
+        keep: Sequence[int] = (),
     ) -> list[ChoiceTiming]:
-        """Screen, warm up and time ``candidates``; identical result on every rank.
+        """Screen, calibrate and time ``candidates``; identical result on every rank.
 
         ``candidates[reference]`` (the op's default implementation) runs first and is
         the reference of the correctness screen: every other candidate must
         reproduce its output on the same inputs, restored by ``reset_inputs`` before
-        each screened call, or it is dropped on every rank.
+        each screened call, or it is dropped on every rank. Candidates in ``keep``
+        are timed to the end even when clearly slower (a threshold compares them).
         """
         try:
-            with _bounded_group_timeout(self.process_group, self.settings.timeout):
-                status, estimates = self._screen_and_warm_up(
-                    candidates, reset_inputs, reference
+            with self._on_device(), _bounded_group_timeout(
+                self.process_group, self.settings.timeout
+            ):
+                phases = [time.perf_counter()]
+                status, first_call_us = self._screen(candidates, reset_inputs, reference)
+                phases.append(time.perf_counter())
+                batches = self._prepare_batches(candidates, status, first_call_us)
+                phases.append(time.perf_counter())
+                samples, skews = self._sample(candidates, batches, set(keep))
+                phases.append(time.perf_counter())
+                timings = self._reduce(candidates, status, batches, samples, skews)
+                phases.append(time.perf_counter())
+                ms = [1e3 * (b - a) for a, b in zip(phases, phases[1:])]
+                log.info(
+                    "timed %d choices (%s) in %.1f ms: screen %.1f, batches %.1f, "
+                    "%d rounds %.1f, reduce %.1f",
+                    len(candidates), self.mode, sum(ms), ms[0], ms[1],
+                    max(len(s) for s in samples), ms[2], ms[3],
                 )
-                calls = self._calls_per_sample(estimates)
-                replays = self._capture_graphs(candidates, status, calls)
-                samples = self._sample(candidates, status, calls, replays)
-                return self._reduce(candidates, status, calls, samples)
+                return timings
         except CollectiveAutotuneError as e:
             # Peers may wait on this rank in a vote or a device sync: release them.
             self.session.abort(str(e))
@@ -240,112 +312,119 @@ class CollectiveBenchmarker:
 
     # -- steps ------------------------------------------------------------------
 
-    def _screen_and_warm_up(
+    def _screen(
         self,
         candidates: Sequence[Candidate],
         reset_inputs: Callable[[], None],
         reference_index: int,
     ) -> tuple[list[str], list[float]]:
-        status = [""] * len(candidates)
-        estimates = [math.inf] * len(candidates)
+        """Each candidate's status on every rank, and this rank's time of its first call.
+
+        Every candidate runs once on restored inputs, the reference first; the others
+        must reproduce the reference's output. One vote carries the outcomes; a rank
+        whose candidate raised votes at once (its later collectives would be paired
+        with its peers' calls of that candidate), so where every rank raised the group
+        drops it and screens the rest, and where only some did, every rank stops.
+        """
+        status: dict[int, str] = {}
+        first_call_us = [math.inf] * len(candidates)
         reference: Optional[torch.Tensor] = None
-        order = [reference_index] + [
-            i for i in range(len(candidates)) if i != reference_index
-        ]
-        for i in order:
-            candidate = candidates[i]
-            topic = f"screen/{candidate.name}"
-            out: Optional[torch.Tensor] = None
-            try:
-                self._barrier(topic)
-                reset_inputs()
-                out = candidate.run()
-                if isinstance(out, torch.Tensor):
-                    # Later calls may write the same buffer (out variants, in-place ops).
-                    out = out.detach().clone()
-                self._device_sync(topic)
-                outcome = "ok" if reference is None else _screen(out, reference)
-                if outcome == "ok":
-                    estimates[i] = self._time_calls(
-                        candidate.run, self.settings.warmup, topic, candidate.run
+        remaining = [reference_index] + [i for i in range(len(candidates)) if i != reference_index]
+        while remaining:
+            topic = f"screen/{len(status)}"
+            outcomes: dict[str, str] = {}
+            for i in remaining:
+                candidate = candidates[i]
+                try:
+                    self._barrier(topic)
+                    reset_inputs()
+                    out, first_call_us[i] = self._time_once(candidate.run)
+                    outcome = "ok" if reference is None else _screen(out, reference)
+                    if reference is None:
+                        reference = out
+                except CollectiveAutotuneError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any local failure drops the choice
+                    outcome = self._failure(f"screen/{candidate.name}", e, topic)
+                    log.debug("choice %s failed on this rank", candidate.name, exc_info=True)
+                outcomes[candidate.name] = outcome
+                if outcome.startswith("failed"):
+                    break
+            reports = [json.loads(r) for r in self.session.vote(topic, json.dumps(outcomes))]
+            for i in remaining[: len(outcomes)]:
+                name = candidates[i].name
+                mine = [r.get(name, "not run: an earlier choice raised") for r in reports]
+                if any(o.startswith("failed") for o in mine) and not all(
+                    o.startswith("failed") for o in mine
+                ):
+                    # Its peers were inside its collectives when it raised here: they may
+                    # have been paired with another choice's, and cannot be trusted.
+                    raise CollectiveAutotuneError(
+                        f"choice {name} raised on some ranks of the group only: {_describe(mine)}"
                     )
-            except CollectiveAutotuneError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any local failure drops the choice
-                outcome = self._failure(topic, e)
-                log.debug("choice %s failed on this rank", candidate.name, exc_info=True)
-            reports = self.session.vote(topic, outcome)
-            status[i] = "ok" if all(r == "ok" for r in reports) else _describe(reports)
-            if status[i] != "ok":
-                estimates[i] = math.inf
-            elif reference is None:
-                # The first choice that ran everywhere is the reference on every rank.
-                reference = out
-        return status, estimates
+                status[i] = "ok" if all(o == "ok" for o in mine) else _describe(mine)
+            remaining = remaining[len(outcomes):]
+        ordered = [status[i] for i in range(len(candidates))]
+        return ordered, [t if s == "ok" else math.inf for t, s in zip(first_call_us, ordered)]
 
-    def _calls_per_sample(self, estimates: list[float]) -> list[int]:
-        # One all-reduce, so that every rank issues the same number of calls.
-        slowest = self._all_reduce_max(estimates)
-        return [
-            max(1, min(_MAX_CALLS_PER_SAMPLE, math.ceil(self.settings.sample_us / est)))
-            if math.isfinite(est) and est > 0
-            else 1
-            for est in slowest
-        ]
-
-    def _capture_graphs(
-        self, candidates: Sequence[Candidate], status: list[str], calls: list[int]
-    ) -> list[Optional[Callable[[], None]]]:
-        """CUDA graphs of each batch, used only where every rank captured."""
-        replays: list[Optional[Callable[[], None]]] = [None] * len(candidates)
-        if not self.use_graphs:
-            return replays
-        for i, candidate in enumerate(candidates):
-            if status[i] != "ok":
-                continue
-            topic = f"capture/{candidate.name}"
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph):
-                    for _ in range(calls[i]):
-                        candidate.run()
-                outcome = "ok"
-            except Exception as e:  # noqa: BLE001
-                outcome = self._failure(topic, e)
-            if all(o == "ok" for o in self.session.vote(topic, outcome)):
-                replays[i] = graph.replay
-            else:
+    def _prepare_batches(
+        self, candidates: Sequence[Candidate], status: list[str], first_call_us: list[float]
+    ) -> list[Optional[_Batch]]:
+        live = [i for i, s in enumerate(status) if s == "ok"]
+        batches: list[Optional[_Batch]] = [None] * len(candidates)
+        if self.mode == "graph":
+            # One all-reduce, so that every rank captures as many calls.
+            slowest = self._all_reduce_max(first_call_us)
+            calls = [_calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS) for t in slowest]
+            for i, graph in self._capture(candidates, live, calls).items():
+                if graph is not None:
+                    batches[i] = _Batch(calls[i], graph.replay, graph.replay, graph=True)
+            eager = [i for i in live if batches[i] is None]
+            if eager:
                 log.warning(
-                    "choice %s could not be captured in a CUDA graph on every rank; "
-                    "timing it eagerly on all ranks",
-                    candidate.name,
+                    "choices %s could not be captured in a CUDA graph on every rank; "
+                    "timing them eagerly on all ranks",
+                    [candidates[i].name for i in eager],
                 )
-        return replays
+        else:
+            eager = live
+        estimates = [math.inf] * len(candidates)
+        for i in eager:
+            run = candidates[i].run
+            estimates[i] = self._time_eager(run, self.settings.warmup, "warmup", run)[0]
+        # One all-reduce of the estimates, so that every rank issues as many calls.
+        slowest = self._all_reduce_max(estimates)
+        for i in eager:
+            run = candidates[i].run
+            batches[i] = _Batch(_calls(self.settings.sample_us, slowest[i], 1), run, run, graph=False)
+        return batches
 
     def _sample(
         self,
         candidates: Sequence[Candidate],
-        status: list[str],
-        calls: list[int],
-        replays: list[Optional[Callable[[], None]]],
-    ) -> list[list[float]]:
+        batches: list[Optional[_Batch]],
+        keep: set[int],
+    ) -> tuple[list[list[float]], list[list[float]]]:
         samples: list[list[float]] = [[] for _ in candidates]
-        live = [i for i, s in enumerate(status) if s == "ok"]
+        skews: list[list[float]] = [[] for _ in candidates]
+        live = [i for i, b in enumerate(batches) if b is not None]
         outcome = "ok"
+        rounds = 0
         try:
-            # Rounds interleave the choices so that drift (clocks, other jobs)
-            # spreads over all of them instead of favouring one.
-            for _ in range(self.settings.nruns):
+            while live and rounds < self.settings.nruns:
+                times, skew = self._round(batches, live)
                 for i in live:
-                    run, replay = candidates[i].run, replays[i]
-                    if replay is not None:
-                        samples[i].append(self._time_calls(replay, 1, "timing", run) / calls[i])
-                    else:
-                        samples[i].append(self._time_calls(run, calls[i], "timing", run))
+                    samples[i].append(times[i])
+                    skews[i].append(skew[i])
+                rounds += 1
+                if rounds >= self._min_rounds and len(live) > 1:
+                    live, settled = self._prune(candidates, samples, live, keep)
+                    if settled:
+                        break
         except CollectiveAutotuneError:
             raise
         except Exception as e:  # noqa: BLE001
-            outcome = self._failure("timing", e)
+            outcome = self._failure("timing", e, "timing")
         reports = self.session.vote("timing", outcome)
         if any(r != "ok" for r in reports):
             # Peers may have been inside a collective of the failed call: the group's
@@ -353,73 +432,190 @@ class CollectiveBenchmarker:
             raise CollectiveAutotuneError(
                 f"a choice failed while being timed: {_describe(reports)}"
             )
-        return samples
+        return samples, skews
+
+    def _prune(
+        self,
+        candidates: Sequence[Candidate],
+        samples: list[list[float]],
+        live: list[int],
+        keep: set[int],
+    ) -> tuple[list[int], bool]:
+        """Drop the clearly slower choices; whether sampling can stop.
+
+        A pure function of one MAX all-reduce, so identical on every rank.
+        """
+        n = len(candidates)
+        stats = [_quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)]
+        reduced = self._all_reduce_max([q for s in stats for q in s])
+        low, mid, high = (reduced[k::3] for k in range(3))
+        leader = min(live, key=lambda i: mid[i])
+        dropped = [i for i in live if i != leader and i not in keep and low[i] > high[leader]]
+        if dropped:
+            log.debug(
+                "dropping %s: clearly slower than %s on their slowest rank",
+                [candidates[i].name for i in dropped],
+                candidates[leader].name,
+            )
+        live = [i for i in live if i not in dropped]
+        rest = [i for i in live if i != leader and i not in keep]
+        # A tie needs more samples than a clear gap: medians of three move by more.
+        tied = len(samples[leader]) >= 2 * self._min_rounds and all(
+            mid[i] <= mid[leader] * (1 + _TIE_FRACTION) for i in rest
+        )
+        return live, not rest or tied
 
     def _reduce(
         self,
         candidates: Sequence[Candidate],
         status: list[str],
-        calls: list[int],
+        batches: list[Optional[_Batch]],
         samples: list[list[float]],
+        skews: list[list[float]],
     ) -> list[ChoiceTiming]:
         medians = [statistics.median(s) if s else math.inf for s in samples]
-        # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank.
-        reduced = self._all_reduce_max(medians + [-t for t in medians])
+        skew = [statistics.median(s) if s else 0.0 for s in skews]
         n = len(candidates)
+        # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank,
+        # and the spread of the rendezvous' duration.
+        reduced = self._all_reduce_max(medians + [-t for t in medians] + skew + [-s for s in skew])
         return [
             ChoiceTiming(
                 name=c.name,
                 max_us=reduced[i],
                 min_us=-reduced[n + i] if math.isfinite(reduced[i]) else math.inf,
-                calls_per_sample=calls[i],
+                calls_per_sample=batches[i].calls if batches[i] is not None else 0,
                 status=status[i],
+                samples=len(samples[i]),
+                skew_us=reduced[2 * n + i] + reduced[3 * n + i],
             )
             for i, c in enumerate(candidates)
         ]
 
-    # -- primitives -------------------------------------------------------------
+    # -- rounds -----------------------------------------------------------------
 
-    def _failure(self, topic: str, error: Exception) -> str:
-        """This rank's outcome for a step that raised ``error``.
+    def _round(
+        self, batches: list[Optional[_Batch]], live: list[int]
+    ) -> tuple[dict[int, float], dict[int, float]]:
+        """One sample of every live choice: per-call us and rendezvous spread."""
+        graphs = {i: b for i in live if (b := batches[i]) is not None and b.graph}
+        times, skews = self._graph_round(graphs, list(graphs))
+        for i in live:
+            if i not in graphs:
+                b = batches[i]
+                assert b is not None
+                times[i], skews[i] = self._time_eager(b.timed, b.calls, "timing", b.rendezvous)
+        return times, skews
 
-        A failure of the communication itself (a timed-out or broken collective)
-        leaves peers inside a collective that will never complete: nothing can be
-        trusted any more, so it raises instead of dropping the choice.
+    def _graph_round(
+        self, graphs: dict[int, Optional[_Batch]], live: list[int]
+    ) -> tuple[dict[int, float], dict[int, float]]:
+        """Replay every live choice's batch once, back to back on the GPU.
+
+        The host enqueues the whole round behind a GPU sleep, so no launch gap of its
+        own enters a timed replay; each timed replay follows an untimed one of the same
+        graph, which absorbs how far apart the ranks reached it.
         """
-        text = f"{type(error).__name__}: {error}".replace("\n", " ")[:500]
-        if _COMMUNICATION_FAILURE.search(text):
-            raise CollectiveAutotuneError(
-                f"{topic}: the group's collectives failed on this rank ({text}); "
-                f"reports from the group so far: {self.session.peer_reports(topic)}"
-            ) from error
-        return f"failed: {text}"
+        live = [i for i in live if graphs.get(i) is not None]
+        if not live:
+            return {}, {}
+        events = {i: [torch.cuda.Event(enable_timing=True) for _ in range(3)] for i in live}
+        torch.cuda._sleep(_sleep_cycles(_HOST_LEAD_US))
+        for i in live:
+            batch = graphs[i]
+            assert batch is not None
+            before, start, end = events[i]
+            before.record()
+            batch.rendezvous()
+            start.record()
+            batch.timed()
+            end.record()
+        self._device_sync("timing", events[live[-1]][2])
+        return (
+            {i: e[1].elapsed_time(e[2]) * 1e3 / graphs[i].calls for i, e in events.items()},  # type: ignore[union-attr]
+            {i: e[0].elapsed_time(e[1]) * 1e3 for i, e in events.items()},
+        )
 
-    def _time_calls(
+    def _time_once(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """One call's output (a copy: later calls may write the same buffer) and its
+        time in microseconds: GPU time on GPUs, wall time on the CPU."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+        else:
+            begin = time.perf_counter()
+            out = fn()
+        out = out.detach().clone() if isinstance(out, torch.Tensor) else out
+        if self.device.type == "cuda":
+            self._device_sync("screen", end)
+            return out, start.elapsed_time(end) * 1e3
+        return out, (time.perf_counter() - begin) * 1e6
+
+    def _time_eager(
         self, fn: Callable[[], Any], count: int, topic: str, rendezvous: Callable[[], Any]
-    ) -> float:
-        """Microseconds per call of ``count`` back-to-back calls of ``fn``.
+    ) -> tuple[float, float]:
+        """Microseconds per call of ``count`` back-to-back calls of ``fn``, and how long
+        the untimed ``rendezvous`` call waited for the group.
 
-        On GPUs the ranks leave the barrier apart by host skew comparable to a
-        microsecond collective; one untimed ``rendezvous`` call (a collective of the
-        choice itself) waits for the last rank, so the timed calls start together.
         A gloo collective blocks the host, so on the CPU the barrier aligns ranks to
-        well within a millisecond collective, and each rank's own cost stays its own.
+        well within a millisecond collective, and no rendezvous is needed.
         """
         self._barrier(topic)
         if self.device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            before.record()
             rendezvous()
             start.record()
             for _ in range(count):
                 fn()
             end.record()
             self._device_sync(topic, end)
-            return start.elapsed_time(end) * 1e3 / count
+            return start.elapsed_time(end) * 1e3 / count, before.elapsed_time(start) * 1e3
         begin = time.perf_counter()
         for _ in range(count):
             fn()
-        return (time.perf_counter() - begin) * 1e6 / count
+        return (time.perf_counter() - begin) * 1e6 / count, 0.0
+
+    def _capture(
+        self, candidates: Sequence[Candidate], indices: list[int], calls: list[int]
+    ) -> dict[int, Optional[torch.cuda.CUDAGraph]]:
+        """A CUDA graph of ``calls[i]`` calls of each choice in ``indices``; None where
+        some rank could not capture it."""
+        captured: dict[int, torch.cuda.CUDAGraph] = {}
+        failed = [0.0] * len(candidates)
+        for i in indices:
+            try:
+                captured[i] = _capture_graph(candidates[i].run, calls[i])
+            except Exception as e:  # noqa: BLE001 - capture records, it runs nothing
+                log.warning(
+                    "choice %s could not be captured in a CUDA graph on this rank (%s)",
+                    candidates[i].name, self._failure("capture", e, "capture"),
+                )
+                failed[i] = 1.0
+        # Capturing issues no collective, so a failure leaves no peer waiting: one flag
+        # all-reduce tells every rank which captures to give up.
+        failed = self._all_reduce_max(failed)
+        return {i: captured.get(i) if failed[i] == 0.0 else None for i in indices}
+
+    # -- primitives -------------------------------------------------------------
+
+    def _failure(self, step: str, error: Exception, topic: str) -> str:
+        """This rank's outcome for a ``step`` that raised ``error``, to vote on ``topic``.
+
+        A failure of the communication itself (a timed-out or broken collective)
+        leaves peers inside a collective that will never complete: nothing can be
+        trusted any more, so it raises instead of dropping the choice, with what the
+        group reported on ``topic`` so far.
+        """
+        text = f"{type(error).__name__}: {error}".replace("\n", " ")[:500]
+        if _COMMUNICATION_FAILURE.search(text):
+            raise CollectiveAutotuneError(
+                f"{step}: the group's collectives failed on this rank ({text}); "
+                f"reports from the group so far: {self.session.peer_reports(topic)}"
+            ) from error
+        return f"failed: {text}"
 
     def _barrier(self, topic: str) -> None:
         """All ranks of the group have arrived and the device is idle."""
@@ -461,6 +657,64 @@ class CollectiveBenchmarker:
 
     def _comm_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def _on_device(self) -> contextlib.AbstractContextManager[Any]:
+        if self.device.type == "cuda":
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
+
+
+def benchmark_device(device: torch.device) -> torch.device:
+    """The device to benchmark on: the op's own, with its index made explicit.
+
+    A program may place its tensors on ``cuda:{local_rank}`` without making that
+    device current; flags, events and graphs must live where the tensors do.
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _calls(sample_us: float, per_call_us: float, fewest: int) -> int:
+    """Calls per sample: ``sample_us`` of them, at least ``fewest``."""
+    if not (math.isfinite(per_call_us) and per_call_us > 0):
+        return fewest
+    return max(fewest, min(_MAX_CALLS_PER_SAMPLE, math.ceil(sample_us / per_call_us)))
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return (values[0],) * 3 if values else (math.inf,) * 3
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def _capture_graph(fn: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
+@functools.lru_cache(None)
+def _cycles_per_us(device_index: int) -> float:
+    """The GPU clock, measured once per device: a sleep's length is given in cycles.
+    The highest of a few readings, as an idle GPU boosts its clock only once busy
+    (a rate read before the boost would only make sleeps longer, which is harmless)."""
+    rates = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(1_000_000 / (start.elapsed_time(end) * 1e3))
+    return max(rates)
+
+
+def _sleep_cycles(us: float) -> int:
+    return int(us * _cycles_per_us(torch.cuda.current_device()))
 
 
 def _screen(out: Any, reference: torch.Tensor) -> str:
