@@ -1,25 +1,39 @@
 """Cross-rank agreement for collective custom-op autotuning, over the c10d Store.
 
-Autotuning a collective op is a *session*: one op, one process group, every rank of
-that group. Before any rank issues a device collective the group agrees, over the
-c10d Store, on what the session will do. The Store is used because its operations
-have real deadlines and leave NCCL/gloo untouched, so a late, absent or failed rank
-can never leave a half-issued device collective behind.
+Collective autotuning is agreed per *graph*: one session per compiled graph and
+process group, which every rank of that group joins before it issues any device
+collective. The Store is used because its operations have real deadlines and leave
+NCCL/gloo untouched, so a late, absent or failed rank can never leave a half-issued
+device collective behind.
+
+A session is named by the graph's *plan*: a digest of the collective-tuned call sites
+that the graph holds on the group (op, input sizes, strides and dtypes, arguments).
+Ranks compiling the same graph compute the same plan; a plan's session is held once
+per job, because it leaves every key it covered decided in the group (below), so a
+later graph with the same plan needs no session. No rank counts anything, so a rank
+that compiled something its peers did not can never shift the sessions that follow.
 
 States of one session, as seen by one rank::
 
-    JOIN       set  join/<rank> = what this rank is about to tune; add arrived += 1
+    JOIN       set  join/<rank> = what this rank brings; add arrived += 1
     DECIDE     the rank whose arrival completes the group proposes a decision computed
                from all joins; a rank whose arrival deadline passes proposes a fallback.
                compare_set on `decision` keeps the first proposal only, and every rank,
                including one arriving after the deadline, adopts the stored value.
-    VOTE       (benchmark decisions only) after each step that may fail, every rank
-               posts its outcome under vote/<topic>/<rank> and reads everybody's; so a
-               failure anywhere is a failure everywhere.
+    VOTE       after each step that may fail, every rank posts its outcome under
+               vote/<topic>/<rank> and reads everybody's; so a failure anywhere is a
+               failure everywhere.
     ABORT      a rank that finds the group's collectives untrustworthy (a device
                collective timed out, a peer vanished) posts `abort` before raising;
                every rank waiting in this session raises too, naming that reason.
-    CLOSE      add done += 1; the rank completing the group deletes the session's keys.
+
+A session's joins and decision stay in the Store for the job (a rank arriving later
+must read them); the votes of a topic are deleted by the last rank that reads them.
+
+What a session decides about each key (op, shapes, choices, timing mode) becomes the
+group's decision for that key, kept under ``decided/<key>`` for the rest of the job:
+the first value stored wins (compare_set) and every rank adopts the stored one, so
+later graphs and recompiles reuse it without benchmarking, identically everywhere.
 
 Deadlines (each is ``timeout`` seconds, ``collective_benchmark_timeout``):
 
@@ -28,22 +42,23 @@ Deadlines (each is ``timeout`` seconds, ``collective_benchmark_timeout``):
     * VOTE: from the moment this rank posts its own outcome. A rank that cannot vote
       in time (blocked in a device collective, or dead) makes the session fail with
       a CollectiveAutotuneError on every rank that can still vote.
+    * Waiting for a key that a session decided but has not published: ``timeout``,
+      then the op's own implementation is proposed (compare_set) and the stored value
+      adopted.
     * Device work of the benchmark (collective_benchmarking) is bounded by the same
       timeout, and ends in ABORT when it passes.
 
-Keys live under ``collective_autotune/<group name>/<session key>/`` of the default
-store, the session key being the op's digest and a session number (see
-session_number); a session abandoned by a rank that never arrives leaves its few
-keys behind, and each op keeps one ``latest/<op>`` key for the job's lifetime.
+Keys live under ``collective_autotune/<group name>/`` of the default store.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
 import time
-from typing import Callable, Optional, TYPE_CHECKING
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 
 if TYPE_CHECKING:
@@ -54,9 +69,9 @@ log = logging.getLogger(__name__)
 
 _NAMESPACE = "collective_autotune"
 # Polling interval bounds while waiting on store keys: short enough that a ready
-# group proceeds within about a millisecond, long enough not to load the store.
-_POLL_MIN_S = 0.0005
-_POLL_MAX_S = 0.05
+# group proceeds within a fraction of a millisecond, long enough not to load the store.
+_POLL_MIN_S = 0.0001
+_POLL_MAX_S = 0.02
 
 
 class CollectiveAutotuneError(RuntimeError):
@@ -64,43 +79,24 @@ class CollectiveAutotuneError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Join:
-    """What one rank is about to tune, as posted to the store."""
-
-    rank: int
-    fingerprint: str
-    choices: tuple[str, ...]
-    # Names of the choices that this rank could build (compile) locally.
-    runnable: tuple[str, ...]
-
-    def encode(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @staticmethod
-    def decode(raw: bytes) -> Join:
-        d = json.loads(raw)
-        return Join(d["rank"], d["fingerprint"], tuple(d["choices"]), tuple(d["runnable"]))
-
-
-@dataclasses.dataclass(frozen=True)
 class Decision:
-    """The one decision of a session, identical on every rank.
+    """A session's decision, identical on every rank.
 
-    ``benchmark``: time ``choices`` (in this order) on every rank.
-    ``use``: take ``choices[0]`` without timing anything.
+    ``kind`` says what the group does (the caller defines the kinds); ``detail`` is
+    JSON-serialisable data that goes with it.
     """
 
     kind: str
-    choices: tuple[str, ...]
     reason: str
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @staticmethod
     def decode(raw: bytes) -> Decision:
         d = json.loads(raw)
-        return Decision(d["kind"], tuple(d["choices"]), d["reason"])
+        return Decision(d["kind"], d["reason"], d["detail"])
 
 
 class Deadline:
@@ -117,29 +113,32 @@ class Deadline:
         return time.monotonic() >= self._end
 
 
-def session_number(store: Store, group_name: str, op_key: str, local_next: int) -> int:
-    """The number of this rank's next session for ``op_key`` on the group.
-
-    Ranks count their own sessions, so the k-th session of one rank meets the k-th of
-    its peers. A rank that tuned an op alone (its peers never compiled it) would
-    otherwise stay one session ahead of them for good; the group's newest number,
-    kept in the store, lets the others catch up. A rank that is merely late joins the
-    number it counted and so reads the decision it missed.
-    """
+def _group_store(store: Store, group_name: str, suffix: str) -> Store:
     import torch.distributed as dist
 
-    latest = dist.PrefixStore(f"{_NAMESPACE}/{group_name}/latest/", store)
-    while True:  # publish max(local_next, newest) unless a peer raced ahead meanwhile
-        current = latest.get(op_key).decode() if latest.check([op_key]) else ""
-        number = max(local_next, int(current or 0))
-        if str(number) == current:
-            return number
-        if latest.compare_set(op_key, current, str(number)) == str(number).encode():
-            return number
+    return dist.PrefixStore(f"{_NAMESPACE}/{group_name}/{suffix}/", store)
+
+
+class GroupDecisions:
+    """The group's decision for each key, kept in the Store for the job."""
+
+    def __init__(self, store: Store, group_name: str) -> None:
+        self._store = _group_store(store, group_name, "decided")
+
+    def get(self, key: str) -> Optional[str]:
+        return self._store.get(key).decode() if self._store.check([key]) else None
+
+    def publish(self, key: str, value: str) -> str:
+        """Propose ``value`` for ``key``; the value stored first, which every rank uses."""
+        return self._store.compare_set(key, "", value).decode()
+
+    def wait(self, key: str, deadline: Deadline) -> Optional[str]:
+        """The decision for ``key`` once published, or None if ``deadline`` passes."""
+        return self.get(key) if _poll(self._store, [key], deadline) else None
 
 
 class CollectiveSession:
-    """The store side of one autotuning session of one op on one process group."""
+    """The store side of one session: one graph's plan on one process group."""
 
     def __init__(
         self,
@@ -150,50 +149,51 @@ class CollectiveSession:
         world_size: int,
         timeout: float,
     ) -> None:
-        import torch.distributed as dist
-
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
-        self._store = dist.PrefixStore(
-            f"{_NAMESPACE}/{group_name}/{session_key}/", store
-        )
-        self._keys: set[str] = {"arrived", "decision", "done", "abort"}
+        self.key = session_key
+        self._store = _group_store(store, group_name, f"session/{session_key}")
+        self._topic_prefix = ""
+        # Whether this rank joined before the decision was taken (it did not merely
+        # read it): only such ranks take part in the session's votes.
+        self.joined = False
 
     # -- JOIN / DECIDE ----------------------------------------------------------
 
     def agree(
         self,
-        join: Join,
-        decide: Callable[[list[Join]], Decision],
+        join: dict[str, Any],
+        decide: Callable[[list[dict[str, Any]]], Decision],
         fallback: Callable[[str], Decision],
     ) -> Decision:
         """Post ``join`` and return the session's decision.
 
-        ``decide`` maps every rank's join to a decision; it runs on the rank whose
-        arrival completes the group. ``fallback`` turns the reason why the group did
-        not assemble into a decision; it runs on a rank whose deadline passed.
-        Waits at most ``timeout`` seconds from now.
+        ``decide`` maps every rank's join (in group rank order) to a decision; it runs
+        on the rank whose arrival completes the group. ``fallback`` turns the reason
+        why the group did not assemble into a decision; it runs on a rank whose
+        deadline passed. Waits at most ``timeout`` seconds from now.
         """
         deadline = Deadline(self.timeout)
-        self._keys.update(self._join_key(r) for r in range(self.world_size))
         late = self._read("decision")
         if late is not None:
             log.info(
-                "rank %d arrived after the session was decided; following it", self.rank
+                "rank %d arrived after session %s was decided; following it",
+                self.rank, self.key,
             )
             return Decision.decode(late)
-        self._store.set(self._join_key(self.rank), join.encode())
+        self._store.set(self._join_key(self.rank), json.dumps(join, sort_keys=True))
+        self.joined = True
         if self._store.add("arrived", 1) >= self.world_size:
             joins = [
-                Join.decode(raw)
+                json.loads(raw)
                 for raw in self._store.multi_get(
                     [self._join_key(r) for r in range(self.world_size)]
                 )
             ]
             return self._settle(decide(joins))
         # Wait for the rank that completes the group to publish the decision.
-        if self._poll(["decision"], deadline):
+        if _poll(self._store, ["decision"], deadline):
             return Decision.decode(self._store.get("decision"))
         absent = [
             r
@@ -210,8 +210,7 @@ class CollectiveSession:
     def _settle(self, proposal: Decision) -> Decision:
         # compare_set is the session's single linearization point: the first
         # proposal is stored, later ones get the stored value back.
-        stored = self._store.compare_set("decision", "", proposal.encode())
-        return Decision.decode(stored)
+        return Decision.decode(self._store.compare_set("decision", "", proposal.encode()))
 
     # -- VOTE -------------------------------------------------------------------
 
@@ -219,12 +218,12 @@ class CollectiveSession:
         """Post this rank's ``outcome`` for ``topic``; return every rank's outcome.
 
         Waits at most ``timeout`` seconds; raises CollectiveAutotuneError naming the
-        ranks that did not vote and what the others reported.
+        ranks that did not vote and what the others reported. The last rank to read
+        a topic's votes deletes them.
         """
-        keys = [f"vote/{topic}/{r}" for r in range(self.world_size)]
-        self._keys.update(keys)
+        keys = self._vote_keys(topic)
         self._store.set(keys[self.rank], outcome)
-        if not self._poll(keys, Deadline(self.timeout), abortable=True):
+        if not _poll(self._store, keys, Deadline(self.timeout), self.check_abort):
             missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
             raise CollectiveAutotuneError(
                 f"{topic}: group ranks {missing} did not report within "
@@ -232,7 +231,19 @@ class CollectiveSession:
                 f"in a device collective or gone. Reports received: "
                 f"{self.peer_reports(topic)}"
             )
-        return [raw.decode() for raw in self._store.multi_get(keys)]
+        outcomes = [raw.decode() for raw in self._store.multi_get(keys)]
+        read = f"read/{self._topic_prefix}{topic}"
+        if self._store.add(read, 1) >= self.world_size:
+            for key in [*keys, read]:
+                self._store.delete_key(key)
+        return outcomes
+
+    def scoped(self, prefix: str) -> CollectiveSession:
+        """This session, with ``prefix`` before every vote topic: the votes of one key
+        among the several that a graph's session agrees."""
+        view = copy.copy(self)
+        view._topic_prefix = f"{self._topic_prefix}{prefix}/"
+        return view
 
     # -- ABORT ------------------------------------------------------------------
 
@@ -252,19 +263,11 @@ class CollectiveSession:
     def peer_reports(self, topic: str) -> dict[int, str]:
         """The outcomes posted so far for ``topic``, by group rank (no waiting)."""
         reports = {}
-        for r in range(self.world_size):
-            raw = self._read(f"vote/{topic}/{r}")
+        for r, key in enumerate(self._vote_keys(topic)):
+            raw = self._read(key)
             if raw is not None:
                 reports[r] = raw.decode()
         return reports
-
-    # -- CLOSE ------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Mark this rank done; the last rank of the group deletes the keys."""
-        if self._store.add("done", 1) >= self.world_size:
-            for key in self._keys:
-                self._store.delete_key(key)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -272,17 +275,26 @@ class CollectiveSession:
     def _join_key(rank: int) -> str:
         return f"join/{rank}"
 
+    def _vote_keys(self, topic: str) -> list[str]:
+        return [f"vote/{self._topic_prefix}{topic}/{r}" for r in range(self.world_size)]
+
     def _read(self, key: str) -> Optional[bytes]:
         return self._store.get(key) if self._store.check([key]) else None
 
-    def _poll(self, keys: list[str], deadline: Deadline, abortable: bool = False) -> bool:
-        """True once all ``keys`` exist; False if ``deadline`` passes first."""
-        interval = _POLL_MIN_S
-        while not self._store.check(keys):
-            if abortable:
-                self.check_abort()
-            if deadline.expired():
-                return False
-            time.sleep(min(interval, deadline.remaining()))
-            interval = min(interval * 2, _POLL_MAX_S)
-        return True
+
+def _poll(
+    store: Store,
+    keys: list[str],
+    deadline: Deadline,
+    check_abort: Optional[Callable[[], None]] = None,
+) -> bool:
+    """True once all ``keys`` exist; False if ``deadline`` passes first."""
+    interval = _POLL_MIN_S
+    while not store.check(keys):
+        if check_abort is not None:
+            check_abort()
+        if deadline.expired():
+            return False
+        time.sleep(min(interval, deadline.remaining()))
+        interval = min(interval * 1.5, _POLL_MAX_S)
+    return True

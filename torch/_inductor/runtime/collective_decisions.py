@@ -1,0 +1,149 @@
+"""Collective autotuning decisions kept on disk, so that a restart need not re-tune.
+
+Each benchmarked decision is one small JSON file under
+``<inductor cache dir>/collective_autotuning/decisions/``, named by a digest of the
+decision's key (op, input sizes, strides and dtypes, choices, timing mode) and of the
+*environment* it was measured in: group size, device model, interconnect (NVLink or
+PCIe), whether NVLink multicast (NVLS) is enabled, backend, and the torch and NCCL
+versions. A decision measured elsewhere therefore never matches. Every rank keeps its
+own files (ranks of a host usually share them); a decision read from disk is used
+only when every rank of the group read the identical entry, which the group checks in
+one vote (see collective_graph), and otherwise the group tunes afresh.
+
+A file that cannot be read, does not parse, or belongs to another key or environment
+is a miss, never an error. Files are written atomically (a temporary file renamed into
+place), so a reader never sees half an entry. To forget every decision, delete the
+``collective_autotuning`` folder of the cache dir; ``collective_autotune_persist=False``
+neither reads nor writes them, and ``collective_autotune_retune=True`` ignores what is
+there and overwrites it with fresh measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, TYPE_CHECKING
+
+import torch
+
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+
+log = logging.getLogger(__name__)
+
+# Bumped whenever the meaning of a stored decision changes.
+_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredDecision:
+    """One decision as kept on disk."""
+
+    key: str
+    environment: dict[str, Any]
+    winner: str
+    # Slowest-rank microseconds per choice when it was measured, for the logs.
+    timings_us: dict[str, float]
+
+    def digest(self) -> str:
+        """What ranks compare: the same digest means the same decision."""
+        return _digest(self.key, self.environment, self.winner)
+
+
+def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
+    """What a measurement depends on beyond the op and its shapes."""
+    env: dict[str, Any] = {
+        "group_size": group.size(),
+        "torch": torch.__version__,
+        "device": device.type,
+        "backend": str(group._get_backend_name()) if hasattr(group, "_get_backend_name") else "",
+    }
+    if device.type == "cuda":
+        env.update(_cuda_environment(device.index or 0))
+    return env
+
+
+@functools.lru_cache(None)
+def _cuda_environment(index: int) -> dict[str, Any]:
+    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else ()
+    return {
+        "device_model": torch.cuda.get_device_name(index),
+        "interconnect": _interconnect(index),
+        "nvls": os.environ.get("NCCL_NVLS_ENABLE", "") != "0"
+        and os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", "") != "1",
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+    }
+
+
+def _interconnect(index: int) -> str:
+    """"nvlink" when the device has an active NVLink, else "pcie" (NVML decides)."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                    return "nvlink"
+            except pynvml.NVMLError:
+                break
+        return "pcie"
+    except Exception:  # noqa: BLE001 - no NVML: say so rather than guess
+        return "unknown"
+
+
+class DecisionStore:
+    """The decisions of this rank's cache dir."""
+
+    def __init__(self, root: Optional[Path] = None) -> None:
+        if root is None:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            root = Path(cache_dir()) / "collective_autotuning" / "decisions"
+        self.root = root
+
+    def load(self, key: str, env: dict[str, Any]) -> Optional[StoredDecision]:
+        """The decision stored for ``key`` in ``env``, or None (a miss, never an error)."""
+        path = self._path(key, env)
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != _FORMAT or data["key"] != key or data["environment"] != env:
+                log.debug("ignoring %s: written for another key or environment", path)
+                return None
+            return StoredDecision(key, env, str(data["winner"]), dict(data["timings_us"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.debug("ignoring unreadable decision %s (%s)", path, e)
+            return None
+
+    def save(self, decision: StoredDecision) -> None:
+        """Write ``decision`` atomically; a failure to write is logged, not raised."""
+        path = self._path(decision.key, decision.environment)
+        payload = {"format": _FORMAT, **dataclasses.asdict(decision)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(payload, f, sort_keys=True)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("could not store the collective autotuning decision %s: %s", path, e)
+
+    def _path(self, key: str, env: dict[str, Any]) -> Path:
+        return self.root / f"{_digest(key, env)}.json"
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.blake2b(
+        json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=12
+    ).hexdigest()
