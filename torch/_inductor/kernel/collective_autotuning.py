@@ -1,20 +1,23 @@
 """Collective custom-op autotuning inside Inductor: detection and choice selection.
 
-``autotune_custom_op`` calls :func:`detect_collective` to learn whether an op's
-choices communicate and over which process group; ``AlgorithmSelectorCache`` then
-hands such ops to :func:`select_collective_choice`, which runs one session of the
-cross-rank protocol (runtime/collective_protocol.py) and, when the group agreed to,
-times the choices with the CollectiveBenchmarker (runtime/collective_benchmarking.py).
+``register_custom_op_autotuning`` tells :func:`note_registration` about each op;
+``autotune_custom_op`` lets :func:`prepare_choices` ready its inputs and
+implementations, then calls :func:`detect_collective` to learn whether the op's
+choices communicate and over which process group; ``AlgorithmSelectorCache`` hands
+such ops to :func:`select_collective_choice`. That takes the group's decision for the
+call site's key from the graph's session (kernel/collective_graph.py): a decision made
+earlier in the job, one every rank stored on disk (runtime/collective_decisions.py),
+or a benchmark of the choices in lockstep on every rank of the group
+(runtime/collective_benchmarking.py).
 
 Collective sessions never read or write Inductor's local autotune cache: a hit on one
 rank and a miss on another is exactly how ranks come to inline different
-implementations, and a stale infinite timing would become a silent fallback in every
-later run. Tuning again costs tens of milliseconds per op.
+implementations. Their own decisions are kept per group in the Store and on disk, and
+used only where every rank of the group holds the same.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
@@ -26,7 +29,10 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
+from torch._inductor.kernel import collective_dispatch, collective_graph
+from torch._inductor.kernel.collective_graph import GROUP_ARGUMENTS, SiteReport
 from torch._inductor.runtime.collective_benchmarking import (
+    benchmark_device,
     BenchmarkSettings,
     Candidate,
     ChoiceTiming,
@@ -34,12 +40,14 @@ from torch._inductor.runtime.collective_benchmarking import (
     is_collective_op,
     uses_symmetric_memory,
 )
+from torch._inductor.runtime.collective_decisions import (
+    DecisionStore,
+    environment,
+    StoredDecision,
+)
 from torch._inductor.runtime.collective_protocol import (
     CollectiveAutotuneError,
     CollectiveSession,
-    Decision,
-    Join,
-    session_number,
 )
 
 
@@ -52,32 +60,48 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
-# Argument names through which an op or a collective names its process group.
-_GROUP_ARGUMENTS = ("group_name", "group", "process_group", "pg")
+# The label of the op's own implementation among its choices.
+DEFAULT = "default"
 
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveAutotuneRecord:
-    """What one rank decided for one collective op; identical across the group."""
+    """What one rank decided for one collective-tuned call site.
+
+    Identical across the group but for the fields that say how long this rank took.
+    """
 
     op: str
     group_name: str
     group_ranks: tuple[int, ...]
+    # The decision's key (op, shapes, choices, timing mode) and the session it was
+    # agreed in.
+    key: str
     session: str
-    # "benchmark" or "use" (see collective_protocol.Decision), and why.
+    # "benchmark" (timed now) or "use" (taken without timing), where the decision
+    # came from ("benchmark", "job": decided earlier in this job, "disk": stored by
+    # every rank, "cache": inlined in a cached graph every rank loaded, "ladder": the
+    # winner of both neighbouring sizes of a dynamic op, "agreement": the group's
+    # fallback or only choice), and why.
     decision: str
+    source: str
     reason: str
     timings: tuple[ChoiceTiming, ...]
+    # Choices are named by their implementation and parameters, e.g.
+    # "chunked_all_reduce(chunks=4)"; the op's own implementation is "default".
     winner: str
-    # Seconds this rank waited for the group's decision, and spent from its arrival
-    # to the end of the benchmark (both differ between ranks).
+    # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager".
+    mode: str = ""
+    # Seconds this rank waited for the group to arrive, spent compiling choices, and
+    # spent otherwise on the decision (votes and benchmark).
     waited_s: float = dataclasses.field(default=0.0, compare=False)
+    build_s: float = dataclasses.field(default=0.0, compare=False)
     tuning_s: float = dataclasses.field(default=0.0, compare=False)
 
 
 _records: list[CollectiveAutotuneRecord] = []
-# The number of this process's last session per (group, op and shapes).
-_session_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+# Each collective op's OpOverload by its autotuning name, as detection found it.
+_ops: dict[str, Any] = {}
 
 
 def collective_autotune_records() -> list[CollectiveAutotuneRecord]:
@@ -85,52 +109,194 @@ def collective_autotune_records() -> list[CollectiveAutotuneRecord]:
     return list(_records)
 
 
-# -- detection -------------------------------------------------------------------
+# -- registration and choices ---------------------------------------------------------
 
 
-def guard_graph_caches(op: Any) -> None:
-    """Turn off the FX graph and AOTAutograd caches once a collective op is tuned.
-
-    Those caches are looked up by each rank alone, before lowering: a rank with a
-    warm cache would skip the autotuning session that its cold peers wait for, and
-    run the implementation it cached while they fall back to the default one. No
-    hook between the lookup and lowering can reconcile that, so a process that
-    autotunes collective ops compiles its graphs afresh (on every rank alike), unless
-    ``collective_benchmark_keep_graph_caches`` says all ranks' caches hold the same.
-    Called when an op is registered for autotuning (recognised by its name or a
-    process-group argument) and again when lowering finds collectives in its choices.
-    """
-    if _names_a_collective(op):
-        _disable_graph_caches(op)
-
-
-def _disable_graph_caches(op: Any) -> None:
+def note_registration(op: Any) -> None:
+    """Called by register_custom_op_autotuning for every op it registers."""
     from torch._functorch import config as functorch_config
-    from torch._inductor import config
 
-    if config.collective_benchmark_keep_graph_caches:
-        return
-    if config.fx_graph_cache or functorch_config.enable_autograd_cache:
-        config.fx_graph_cache = False
-        functorch_config.enable_autograd_cache = False
+    collective = names_a_collective(op)
+    collective_graph.note_registration(op, collective)
+    if collective and functorch_config.bundled_autograd_cache:
         _warn_once(
-            f"{_op_name(op)} is autotuned as a collective op: the FX graph and "
-            "AOTAutograd caches are off in this process so that every rank takes part "
-            "in its autotuning (set TORCHINDUCTOR_COLLECTIVE_BENCHMARK_KEEP_GRAPH_CACHES=1 "
-            "only if every rank's caches hold the same entries)"
+            "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "
+            f"the FX-graph cache, so cached graphs that inline {_op_name(op)} are not "
+            "checked against the group's decisions; turn it off under torchrun"
         )
-        if config.fx_graph_cache:
-            _warn_once(
-                "TORCHINDUCTOR_FX_GRAPH_CACHE forces the FX graph cache on: a rank with a "
-                f"warm cache can skip the autotuning of {_op_name(op)} that its peers wait for"
-            )
 
 
-def _names_a_collective(op: Any) -> bool:
+def names_a_collective(op: Any) -> bool:
+    """Whether ``op``'s name, or a process-group argument, says it communicates."""
     schema = getattr(op, "_schema", None)
     return is_collective_op(op) or (
-        schema is not None and any(a.name in _GROUP_ARGUMENTS for a in schema.arguments)
+        schema is not None and any(a.name in GROUP_ARGUMENTS for a in schema.arguments)
     )
+
+
+def prepare_choices(
+    name: str,
+    decompositions: Sequence[Callable[..., Any]],
+    non_tensor_args: Sequence[dict[str, Any]],
+    inputs: Sequence[Any],
+    op: Any,
+    config_patches_list: Optional[Sequence[dict[str, Any]]] = None,
+    min_speedup_threshold: float = 1.0,
+    benchmark_with_cudagraphs: bool = False,
+) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], Optional[list[dict[str, Any]]]]:
+    """Ready an op's inputs and implementations before its choices are traced.
+
+    Inputs are realized: an unrealized (pointwise) input has no strides for the
+    layout inference of the choices. Each implementation is guarded: one that raises
+    while traced (a capability check, say) is traced as the op itself instead and
+    marked, so that the choice list stays the same on every rank and the group drops
+    that choice everywhere, naming the rank and the reason, instead of this rank
+    dying alone while its peers wait. Where the op's group decided the call site's
+    key already, only the winner is traced (and the first implementation, whose
+    arguments upstream gives the op's own implementation): a model's hundredth
+    layer costs no more to compile than an untuned one.
+
+    Returns the implementations, their arguments and their config patches to trace.
+    """
+    from torch._inductor.ir import TensorBox
+
+    for inp in inputs:
+        if isinstance(inp, TensorBox):
+            inp.realize()
+    schema = _schema_arguments(op)
+    labels = [_label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
+    keep = list(range(len(decompositions)))
+    winner = _decided_before_tracing(
+        name, labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs
+    )
+    if winner is not None:
+        keep = [i for i, label in enumerate(labels) if i == 0 or label == winner]
+
+    def kept(items: Optional[Sequence[Any]]) -> Any:
+        return None if items is None else [items[i] for i in keep]
+
+    return (
+        [_guarded(d, op) for d in kept(decompositions)],
+        kept(non_tensor_args),
+        kept(config_patches_list),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """An op about to be tuned, as prepare_choices saw it before it traced only the
+    winner of a decided key: the key, every choice, and why a decision was taken
+    before tracing ("" for a decision the group made)."""
+
+    key: str
+    labels: tuple[str, ...]
+    source: str = ""
+    reason: str = ""
+
+
+_prepared: dict[str, _Prepared] = {}
+
+
+def _decided_before_tracing(
+    name: str,
+    labels: list[str],
+    inputs: Sequence[Any],
+    op: Any,
+    non_tensor_args: Sequence[dict[str, Any]],
+    min_speedup_threshold: float,
+    benchmark_with_cudagraphs: bool,
+) -> Optional[str]:
+    """The group's decision for this call site's key if it is known already (a read
+    of the Store, no waiting), for ops whose name or arguments say they communicate."""
+    import torch.distributed as dist
+    from torch._inductor import config
+
+    if not (
+        names_a_collective(op)
+        and config.collective_autotune
+        and dist.is_available()
+        and dist.is_initialized()
+        and inputs
+    ):
+        return None
+    named = [v for k, v in (non_tensor_args or [{}])[0].items() if k in GROUP_ARGUMENTS]
+    try:
+        group = _resolve_group(named[0], op) if named else dist.group.WORLD
+    except (ValueError, TypeError):
+        return None  # detection reports it with the full story
+    settings = BenchmarkSettings.from_config()
+    device = benchmark_device(inputs[0].get_device())
+    mode = _timing_mode(settings, device, benchmark_with_cudagraphs)
+    labels = (*labels, DEFAULT)
+
+    def key_of(site: str) -> str:
+        return _site_key(site, inputs, labels, mode, min_speedup_threshold)
+
+    store = dist.distributed_c10d._get_default_store()
+    decisions = collective_graph.GroupDecisions(store, group.group_name)
+    key = key_of(name)
+    # Every rank interpolates alike, whoever published first.
+    between = collective_dispatch.interpolated(name, lambda site: decisions.get(key_of(site)))
+    if between is not None:
+        _prepared[name] = _Prepared(key, labels, "ladder", between[1])
+        return decisions.publish(key, between[0])
+    _prepared[name] = _Prepared(key, labels)
+    return decisions.get(key)
+
+
+def _guarded(decomposition: Callable[..., Any], op: Any) -> Callable[..., Any]:
+    from torch.fx.experimental import symbolic_shapes
+
+    # Upstream skips implementations that add guards (torch 2.13 raises these while it
+    # traces), on every rank alike: they pass through.
+    guard_errors = tuple(
+        e for e in (getattr(symbolic_shapes, "_ShapeEnvGuardError", None), AssertionError) if e
+    )
+    schema = _schema_arguments(op)
+
+    @functools.wraps(decomposition)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return decomposition(*args, **kwargs)
+        except guard_errors:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported to the group by the choice
+            guarded.trace_failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"  # type: ignore[attr-defined]
+            log.debug("implementation %s raised while traced", decomposition.__name__, exc_info=True)
+            return op(*args, **{k: v for k, v in kwargs.items() if k in schema})
+
+    guarded.trace_failure = ""  # type: ignore[attr-defined]
+    return guarded
+
+
+def choice_label(choice: ChoiceCaller, op: Any = None) -> str:
+    """A choice's readable name: its implementation and the parameters its config set
+    (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
+    The same on every rank, whatever Inductor numbered the choice."""
+    decomposition = getattr(choice, "decomposition", None)
+    if getattr(choice, "gm", None) is None or decomposition is None:
+        return DEFAULT
+    return _label(
+        decomposition.__name__, getattr(choice, "decomposition_kwargs", {}), _schema_arguments(op)
+    )
+
+
+def _label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
+    params = {k: v for k, v in sorted(kwargs.items()) if k not in schema}
+    if not params:
+        return implementation
+    return f"{implementation}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+
+
+def _schema_arguments(op: Any) -> set[str]:
+    return {a.name for a in op._schema.arguments} if hasattr(op, "_schema") else set()
+
+
+def _trace_failure(choice: ChoiceCaller) -> str:
+    return getattr(getattr(choice, "decomposition", None), "trace_failure", "")
+
+
+# -- detection -------------------------------------------------------------------
 
 
 def detect_collective(
@@ -147,13 +313,14 @@ def detect_collective(
     Returns ``(False, None)``, with one warning, where collective tuning cannot
     apply because torch.distributed is not initialised. For a collective op, also
     makes the op's own implementation a complete choice (see
-    :func:`_complete_default_choice`); ``name`` is the op's autotuning name.
+    :func:`_complete_default_choice`); ``name`` is the op's autotuning name. An op
+    tuned the regular way loses the choices whose implementation raised while traced.
     """
     groups: list[Any] = []
     collective = is_collective_op(op_overload)
     for choice in choices:
         gm = getattr(choice, "gm", None)
-        if gm is None:
+        if gm is None or _trace_failure(choice):
             continue
         for node in gm.graph.nodes:
             if node.op == "call_function" and isinstance(
@@ -161,22 +328,23 @@ def detect_collective(
             ) and is_collective_op(node.target):
                 collective = True
                 groups.extend(_group_arguments(node.target, node.args, node.kwargs, gm))
-    if not collective:
-        return False, None
-    # For later graphs at least, where the op's name and schema did not reveal it.
-    _disable_graph_caches(op_overload)
-    for kwargs in non_tensor_args:
-        groups.extend(v for k, v in kwargs.items() if k in _GROUP_ARGUMENTS)
-
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if collective and not (dist.is_available() and dist.is_initialized()):
         _warn_once(
             f"{_op_name(op_overload)} is a collective op but torch.distributed is not "
             "initialised: it is autotuned like any other op, on this rank alone"
         )
+        collective = False
+    if not collective:
+        for choice in [c for c in choices if _trace_failure(c)]:
+            log.warning("choice %s is dropped: %s", choice_label(choice, op_overload), _trace_failure(choice))
+            choices.remove(choice)
         return False, None
+    for kwargs in non_tensor_args:
+        groups.extend(v for k, v in kwargs.items() if k in GROUP_ARGUMENTS)
     _complete_default_choice(name, choices, op_overload, non_tensor_args)
+    _ops[name] = op_overload
     group = _covering_group([_resolve_group(g, op_overload) for g in groups])
     if group.size() == 1:
         # Inductor's regular benchmarking would deadlock on gloo here (see
@@ -235,7 +403,7 @@ def _complete_default_choice(
 def _group_arguments(op: Any, args: Sequence[Any], kwargs: dict[str, Any], gm: Any) -> list[Any]:
     found = []
     for i, argument in enumerate(op._schema.arguments):
-        if argument.name not in _GROUP_ARGUMENTS:
+        if argument.name not in GROUP_ARGUMENTS:
             continue
         value = args[i] if i < len(args) else kwargs.get(argument.name)
         if isinstance(value, torch.fx.Node) and value.op == "get_attr":
@@ -302,149 +470,238 @@ def select_collective_choice(
     layout: Any,
     input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]],
     process_group: ProcessGroup,
+    min_speedup_threshold: float = 1.0,
+    benchmark_with_cudagraphs: bool = False,
 ) -> ChoiceCaller:
     """Pick the same choice on every rank of ``process_group``.
 
     ``selector`` is the AlgorithmSelectorCache, whose ``get_inputs`` makes the
-    benchmark inputs. Raises CollectiveAutotuneError, on every rank of the group,
-    when the group's collectives failed mid-benchmark and cannot be trusted.
+    benchmark inputs. A choice other than the op's own implementation wins only if
+    the op's own is at least ``min_speedup_threshold`` times slower on its slowest
+    rank; ``benchmark_with_cudagraphs`` times the choices in CUDA graphs. Raises
+    CollectiveAutotuneError, on every rank of the group, when the group's
+    collectives failed mid-benchmark and cannot be trusted.
     """
     import torch.distributed as dist
     from torch._dynamo.utils import counters
     from torch._inductor import config
 
-    settings = BenchmarkSettings.from_config()
-    group_name = process_group.group_name
-    # No device index in the key: rank r's tensors live on cuda:r.
-    op_key = _digest(name, [_node_meta(n) for n in input_nodes], _node_meta(layout))
-    store = dist.distributed_c10d._get_default_store()
-    number = session_number(store, group_name, op_key, _session_counts[group_name, op_key] + 1)
-    _session_counts[group_name, op_key] = number
-    session_key = f"{op_key}.{number}"
-    by_name = {_stable_name(c): c for c in choices}
-    names = tuple(by_name)
-    default = _stable_name(_default_choice(choices))
-    device = layout.device
-
-    runnable = tuple(n for n, c in by_name.items() if _build(c, device))
-    session = CollectiveSession(
-        store,
-        group_name,
-        session_key,
-        dist.get_rank(process_group),
-        process_group.size(),
-        settings.timeout,
-    )
-    counters["inductor"]["collective_autotune_sessions"] += 1
-    arrived = time.monotonic()
-    try:
-        decision = session.agree(
-            Join(session.rank, _digest(op_key, names), names, runnable),
-            decide=functools.partial(
-                _decide, default_name=default, timing_allowed=not config.deterministic
-            ),
-            fallback=lambda reason: Decision("use", (default,), reason),
+    started = time.monotonic()
+    op = _ops.get(name)
+    by_label = {choice_label(c, op): c for c in choices}
+    prepared = _prepared.pop(name, None)
+    labels = prepared.labels if prepared else tuple(by_label)
+    group_ranks = tuple(dist.get_process_group_ranks(process_group))
+    if not config.collective_autotune:
+        record = CollectiveAutotuneRecord(
+            name, process_group.group_name, group_ranks, "", "", "use", "agreement",
+            "collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)", (), DEFAULT,
         )
-        waited_s = time.monotonic() - arrived
-        if not decision.choices or decision.choices[0] not in by_name:
-            raise CollectiveAutotuneError(
-                f"{name}: the group decided on {decision.choices or 'no choice'} "
-                f"({decision.reason}), which this rank does not have; its choices: {names}"
-            )
-        timings: tuple[ChoiceTiming, ...] = ()
-        winner = by_name[decision.choices[0]]
-        reason = decision.reason
-        if decision.kind == "benchmark":
-            picked = list(decision.choices)
-            # Lowering runs with the Python dispatcher on; a gloo worker thread would
-            # inherit it and wait for the GIL that this thread holds in wait_tensor
-            # (Inductor's regular benchmarking deadlocks so on gloo collectives).
-            with no_python_dispatcher():
-                timings = tuple(
-                    _benchmark(selector, by_name, picked, default, input_nodes, layout,
-                               input_gen_fns, process_group, settings, session)
-                )
-            best, picked_because = _pick(picked, timings, default)
-            winner = by_name[best]
-            reason = f"{decision.reason}; {picked_because}"
-    finally:
-        try:
-            session.close()
-        except Exception:  # noqa: BLE001 - the store may be gone with a dead rank
-            log.debug("could not close session %s", session_key, exc_info=True)
-    tuning_s = time.monotonic() - arrived
+        return _finish(record, by_label)
 
+    settings = BenchmarkSettings.from_config()
+    device = benchmark_device(layout.device)
+    mode = _timing_mode(settings, device, benchmark_with_cudagraphs)
+    key = prepared.key if prepared else _site_key(name, input_nodes, labels, mode, min_speedup_threshold)
+    session = collective_graph.session_for(process_group, settings.timeout)
+    counters["inductor"]["collective_autotune_sites"] += 1
+    persisted = _persisted(key, process_group, device)
+    report = SiteReport(
+        key=key,
+        choices=labels,
+        decided=session.decisions.get(key) or "",
+        stored=persisted.digest() if persisted else "",
+        stored_winner=persisted.winner if persisted else "",
+        failed={
+            **{label: "not traced on this rank" for label in labels if label not in by_label},
+            **{label: _trace_failure(c) for label, c in by_label.items() if _trace_failure(c)},
+        },
+    )
+    build_s = 0.0
+
+    def build() -> dict[str, str]:
+        nonlocal build_s
+        begin = time.monotonic()
+        failures = {
+            label: why for label, c in by_label.items()
+            if not _trace_failure(c) and (why := _build(c, device))
+        }
+        build_s = time.monotonic() - begin
+        return failures
+
+    decision, voting = collective_graph.agree_key(
+        session, report, DEFAULT, build, timing_allowed=not config.deterministic
+    )
+    timings: tuple[ChoiceTiming, ...] = ()
+    winner, reason = decision.choices[0], decision.reason
+    if decision.kind == "benchmark":
+        picked = list(decision.choices)
+        # Lowering runs with the Python dispatcher on; a gloo worker thread would
+        # inherit it and wait for the GIL that this thread holds in wait_tensor
+        # (Inductor's regular benchmarking deadlocks so on gloo collectives).
+        with no_python_dispatcher():
+            timings = tuple(
+                _benchmark(selector, by_label, picked, input_nodes, layout, input_gen_fns,
+                           process_group, settings, mode, voting.session.scoped(key),
+                           keep_default=min_speedup_threshold > 1.0)
+            )
+        winner, picked_because = _pick(picked, timings, min_speedup_threshold)
+        reason = f"{reason}; {picked_because}"
+    stored = collective_graph.settle_key(voting, key, winner, name)
+    source = decision.source
+    if stored != winner:
+        winner, reason = stored, f"the group decided {stored} first"
+    elif prepared and prepared.source and source == "job":
+        source, reason = prepared.source, prepared.reason
+    elif decision.source == "benchmark" and _persistence_on():
+        DecisionStore().save(
+            StoredDecision(key, environment(process_group, device), winner,
+                           {t.name: t.max_us for t in timings})
+        )
+    waited_s = voting.take_wait()
     record = CollectiveAutotuneRecord(
         op=name,
-        group_name=group_name,
-        group_ranks=tuple(dist.get_process_group_ranks(process_group)),
-        session=session_key,
+        group_name=process_group.group_name,
+        group_ranks=group_ranks,
+        key=key,
+        session=voting.session.key,
         decision=decision.kind,
+        source=source,
         reason=reason,
         timings=timings,
-        winner=_stable_name(winner),
+        winner=winner,
+        mode=mode,
         waited_s=waited_s,
-        tuning_s=tuning_s,
+        build_s=build_s,
+        tuning_s=time.monotonic() - started - build_s - waited_s,
     )
+    return _finish(record, by_label)
+
+
+def note_cached_sites(sites: list[tuple[str, str, str, str, str]]) -> None:
+    """Record the decisions inlined in a graph loaded from the cache: (group, plan,
+    key, winner, op) of each of its collective-tuned keys."""
+    import torch.distributed as dist
+
+    for group_name, plan, key, winner, op in sites:
+        group = torch._C._distributed_c10d._resolve_process_group(group_name)
+        _records.append(
+            CollectiveAutotuneRecord(
+                op, group_name, tuple(dist.get_process_group_ranks(group)), key, plan, "use",
+                "cache", "inlined in a compiled graph loaded from the cache; the group agrees", (),
+                winner,
+            )
+        )
+
+
+def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]) -> ChoiceCaller:
+    """Log ``record``, keep it, and return the choice it names."""
+    import torch.distributed as dist
+
     _records.append(record)
     log.info(
-        "collective autotuning %s on group %s: %s (%s; waited %.2f s for the group)",
-        name, group_name, record.winner, reason, waited_s,
+        "collective autotuning %s on group %s: %s (%s; %s; waited %.2f s for the group)",
+        record.op, record.group_name, record.winner, record.source, record.reason, record.waited_s,
     )
-    if session.rank == 0:
+    if dist.get_rank() == record.group_ranks[0]:
         table_log.info("%s", format_record(record))
-    return winner
-
-
-def _decide(joins: list[Join], default_name: str, timing_allowed: bool) -> Decision:
-    """The session's decision from every rank's join (runs on one rank)."""
-    first = joins[0]
-    differing = [j.rank for j in joins if j.fingerprint != first.fingerprint]
-    if differing:
-        common = [n for n in first.choices if all(n in j.choices for j in joins)]
-        fallback = default_name if default_name in common else (common or [None])[0]
-        return Decision(
-            "use",
-            (fallback,) if fallback else (),
-            f"group ranks {differing} tune a different op, shape or choice list than "
-            f"group rank {first.rank}; all use {fallback}",
+    choice = by_label.get(record.winner)
+    if choice is None:
+        raise CollectiveAutotuneError(
+            f"{record.op}: the group decided on {record.winner} ({record.reason}), "
+            f"which this rank does not have; its choices: {list(by_label)}"
         )
-    runnable = [n for n in first.choices if all(n in j.runnable for j in joins)]
-    dropped = [n for n in first.choices if n not in runnable]
-    note = f"; not buildable on every rank: {dropped}" if dropped else ""
-    if not runnable:
-        return Decision("use", (default_name,), f"no choice builds on every rank{note}")
-    if len(runnable) == 1:
-        return Decision("use", tuple(runnable), f"the only choice built on every rank{note}")
-    if not timing_allowed:
-        chosen = default_name if default_name in runnable else runnable[0]
-        return Decision("use", (chosen,), f"config.deterministic: untimed{note}")
-    return Decision("benchmark", tuple(runnable), f"benchmarked on every rank{note}")
+    log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
+    if _RANGE_NAME.search(record.op):
+        return _RangeWinner(choice, by_label[DEFAULT])  # type: ignore[return-value]
+    return choice
+
+
+# Inductor's name for one range of a range-based custom op: "<name>_range_<start>_<end>".
+_RANGE_NAME = re.compile(r"_range_\d+_(\d+|inf)$")
+
+
+class _RangeWinner:
+    """The winner of one range of a range-based op, as the range-based lowering reads
+    it: the implementation to dispatch to, but no graph. torch 2.13 inlines a winning
+    graph into the model at every range and keeps only the dispatch; an inlined
+    collective stays in the graph (it has side effects) and would run on every call."""
+
+    gm = None
+
+    def __init__(self, winner: ChoiceCaller, default: ChoiceCaller) -> None:
+        self.name = winner.name
+        self.decomposition = getattr(winner, "decomposition", None)
+        self.decomposition_kwargs = getattr(winner, "decomposition_kwargs", {})
+        self.config_patches = getattr(winner, "config_patches", {})
+        self._default = default
+
+    def output_node(self) -> Any:
+        # Unused by the range-based lowering, so removed with the graph's dead code.
+        return self._default.output_node()
+
+
+def _timing_mode(settings: BenchmarkSettings, device: torch.device, cudagraphs: bool) -> str:
+    """How to time: as the model runs, or in CUDA graphs where the op was registered
+    with ``benchmark_with_cudagraphs``."""
+    if cudagraphs and settings.mode == "auto":
+        if device.type == "cuda":
+            return "graph"
+        _warn_once("benchmark_with_cudagraphs has no effect on CPU: CUDA graphs need CUDA")
+    return settings.timing_mode(device)
+
+
+def _persistence_on() -> bool:
+    from torch._inductor import config
+
+    return bool(config.collective_autotune_persist)
+
+
+def _persisted(key: str, group: ProcessGroup, device: torch.device) -> Optional[StoredDecision]:
+    """This rank's stored decision for ``key``, unless persistence is off or re-tuning."""
+    from torch._inductor import config
+
+    if not _persistence_on() or config.collective_autotune_retune:
+        return None
+    return DecisionStore().load(key, environment(group, device))
 
 
 def _pick(
-    names: list[str], timings: Sequence[ChoiceTiming], default: str
+    names: list[str], timings: Sequence[ChoiceTiming], min_speedup_threshold: float
 ) -> tuple[str, str]:
     # The vector is identical on every rank; min() keeps the first of equal times.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
-    if math.isfinite(timings[best].max_us):
-        return names[best], "fastest on its slowest rank"
-    return default, "every choice failed on some rank; using the default implementation"
+    if not math.isfinite(timings[best].max_us):
+        return DEFAULT, "every choice failed on some rank; using the op's own implementation"
+    own = next((t for t in timings if t.name == DEFAULT), None)
+    if (
+        names[best] != DEFAULT
+        and own is not None
+        and math.isfinite(own.max_us)
+        and timings[best].max_us * min_speedup_threshold > own.max_us
+    ):
+        return DEFAULT, (
+            f"{names[best]} is only {own.max_us / timings[best].max_us:.2f}x faster than "
+            f"the op's own implementation on its slowest rank, below "
+            f"min_speedup_threshold={min_speedup_threshold:g}"
+        )
+    return names[best], "fastest on its slowest rank"
 
 
 def _benchmark(
     selector: Any,
-    by_name: dict[str, ChoiceCaller],
+    by_label: dict[str, ChoiceCaller],
     names: list[str],
-    default: str,
     input_nodes: list[Any],
     layout: Any,
     input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]],
     process_group: ProcessGroup,
     settings: BenchmarkSettings,
+    mode: str,
     session: CollectiveSession,
+    keep_default: bool,
 ) -> list[ChoiceTiming]:
-    choices = [by_name[n] for n in names]
+    choices = [by_label[n] for n in names]
     args = selector.get_inputs(choices, input_nodes, layout, input_gen_fns)
     inputs, _ = args.get_benchmark_tensors(False).unpack()
     inputs = list(inputs)
@@ -463,9 +720,10 @@ def _benchmark(
         for t, p in zip(inputs, pristine):
             t.copy_(p)
 
-    reference = names.index(default) if default in names else 0
-    return CollectiveBenchmarker(process_group, layout.device, settings, session).benchmark(
-        candidates, reset_inputs, reference
+    reference = names.index(DEFAULT) if DEFAULT in names else 0
+    benchmarker = CollectiveBenchmarker(process_group, layout.device, settings, session, mode)
+    return benchmarker.benchmark(
+        candidates, reset_inputs, reference, keep=(reference,) if keep_default else ()
     )
 
 
@@ -492,28 +750,20 @@ def _runner(choice: ChoiceCaller, inputs: list[torch.Tensor]) -> Callable[[], to
     return lambda: kernel(*inputs)
 
 
-def _build(choice: ChoiceCaller, device: torch.device) -> bool:
-    """Compile ``choice`` for benchmarking; False (with a warning) if it cannot run here."""
+def _build(choice: ChoiceCaller, device: torch.device) -> str:
+    """Compile ``choice`` for benchmarking; why it cannot run here, or "" if it can."""
     if _uses_symmetric_memory(choice) and device.type != "cuda":
-        log.warning(
-            "choice %s uses symmetric memory, which needs CUDA; dropped on every rank",
-            choice.name,
-        )
-        return False
+        return "uses symmetric memory, which needs CUDA"
     try:
         if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
             if choice._compiled_module is None:  # type: ignore[attr-defined]
                 choice._compiled_module = choice._compile_for_benchmarking()  # type: ignore[attr-defined]
         else:
             choice.to_callable()
-    except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged here
-        log.warning(
-            "choice %s does not build on this rank (%s: %s); the group drops it",
-            choice.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "",
-        )
+    except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there
         log.debug("build failure of %s", choice.name, exc_info=True)
-        return False
-    return True
+        return f"does not build ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return ""
 
 
 def _move_to_symmetric_memory(
@@ -562,15 +812,6 @@ def _uses_symmetric_memory(choice: ChoiceCaller) -> bool:
     )
 
 
-def _stable_name(choice: ChoiceCaller) -> str:
-    """The choice's name without the process-wide counter Inductor appends to
-    subgraph choices ("..._group_name_0_12"): ranks with different compile histories
-    number the same choice differently."""
-    if getattr(choice, "gm", None) is None:
-        return choice.name
-    return re.sub(r"_\d+$", "", choice.name)
-
-
 def _default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
     """The op's own implementation (the extern fallback choice), else the first."""
     from torch._inductor.select_algorithm import ExternKernelCaller
@@ -585,25 +826,34 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
     """A table of one decision: choice, slowest- and fastest-rank time, winner."""
     lines = [
         f"collective autotuning: {record.op} on group {record.group_name} "
-        f"(ranks {list(record.group_ranks)}), session {record.session}",
-        f"  decision: {record.decision}; winner: {record.winner} ({record.reason})",
+        f"(ranks {list(record.group_ranks)}), key {record.key}",
+        f"  decision: {record.decision} ({record.source}); winner: {record.winner} "
+        f"({record.reason})",
     ]
     if record.timings:
         width = max(len(t.name) for t in record.timings)
         lines.append(
             f"  {'choice':<{width}}  {'slowest rank us':>15}  {'fastest rank us':>15}  "
-            f"{'calls/sample':>12}  status"
+            f"{'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"
         )
         for t in record.timings:
             mark = "  <- winner" if t.name == record.winner else ""
             lines.append(
                 f"  {t.name:<{width}}  {t.max_us:>15.1f}  {t.min_us:>15.1f}  "
-                f"{t.calls_per_sample:>12}  {t.status}{mark}"
+                f"{t.calls_per_sample:>12}  {t.samples:>7}  {t.skew_us:>7.1f}  {t.status}{mark}"
             )
     return "\n".join(lines)
 
 
 # -- helpers ---------------------------------------------------------------------
+
+
+def _site_key(
+    name: str, inputs: Sequence[Any], labels: Sequence[str], mode: str, min_speedup_threshold: float
+) -> str:
+    """What a decision is for: the op (by its autotuning name), its inputs' sizes,
+    strides and dtypes, its choices, how they are timed, and the threshold."""
+    return _digest(name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold)
 
 
 def _node_meta(node: Any) -> str:
