@@ -12,17 +12,19 @@ Also here: the small helpers that test bodies share.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import faulthandler
 import multiprocessing
 import os
 import queue
-import re
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import torch
@@ -70,23 +72,34 @@ def run_ranks(
     env: Optional[dict[str, str]] = None,
     timeout_s: float = 240.0,
     breaks_the_group: bool = False,
+    restarts: bool = False,
 ) -> list[RankResult]:
     """``body(Rank, *args)`` on ``world_size`` ranks; every rank's result, by rank.
 
     ``env`` is set on every rank for the body's duration; ``{rank}`` in a value is
-    replaced by the rank. Self-spawned ranks that outlive ``timeout_s`` are killed
-    and reported as having died. A body that ``breaks_the_group`` (a rank dies, a
-    collective is left hanging) only runs self-spawned, where the job ends with it.
+    replaced by the rank. Unless ``env`` names one, each rank gets a new, empty
+    Inductor cache dir: compiled graphs and stored decisions of other tests (or of a
+    peer rank, on a CPU where their cache keys coincide) must not stand in for this
+    test's tuning. Self-spawned ranks that outlive ``timeout_s``
+    are killed and reported as having died. A body that ``breaks_the_group`` (a rank
+    dies, a collective is left hanging) only runs self-spawned, where the job ends
+    with it, as does one that ``restarts`` a job (a second call on the same cache dirs
+    must meet fresh processes and process groups of the same names).
     """
     if device == "cuda" and torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
     if breaks_the_group and under_torchrun():
         pytest.skip("ends the job by design; runs self-spawned only")
+    if restarts and under_torchrun():
+        pytest.skip("restarts the job: needs fresh processes; runs self-spawned only")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             pytest.skip(f"needs WORLD_SIZE={world_size}")
-        return _run_in_process(world_size, body, args, device, env or {})
-    return _spawn(world_size, body, args, device, env or {}, timeout_s)
+    cache_dir = os.path.join(tempfile.mkdtemp(prefix="collective_test_"), "{rank}")
+    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir, **(env or {})}
+    if under_torchrun():
+        return _run_in_process(world_size, body, args, device, env)
+    return _spawn(world_size, body, args, device, env, timeout_s)
 
 
 # -- torchrun: this process is one rank ----------------------------------------------
@@ -100,16 +113,8 @@ def _run_in_process(
     rank = dist.get_rank()
     group = dist.new_group(list(range(world_size)))
     torch._dynamo.reset()
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
-    try:
+    with _environment({k: v.replace("{rank}", str(rank)) for k, v in env.items()}):
         result = _call(rank, world_size, group, body, args, device)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, result)
     return gathered
@@ -132,13 +137,17 @@ def _spawn(
     procs = [
         ctx.Process(
             target=_child,
-            args=(rank, world_size, port, device, env, body, args, results),
+            args=(rank, world_size, port, device, env, body, args, results, timeout_s),
             daemon=True,
         )
         for rank in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    # Variables the same on every rank are in the children's environment from the
+    # start, so that torch reads those it reads at import (config knobs); per-rank
+    # ones ("{rank}") are set by each child before it initialises.
+    with _environment({k: v for k, v in env.items() if "{rank}" not in v}):
+        for p in procs:
+            p.start()
     deadline = time.monotonic() + timeout_s
     collected: dict[int, RankResult] = {}
 
@@ -171,6 +180,20 @@ def _spawn(
     ]
 
 
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _child(
     rank: int,
     world_size: int,
@@ -180,8 +203,11 @@ def _child(
     body: Callable[..., Any],
     args: tuple,
     results: multiprocessing.Queue,
+    timeout_s: float,
 ) -> None:
     os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
+    # A rank still running when the harness kills it says where it was.
+    faulthandler.dump_traceback_later(timeout_s - 5, exit=False)
     _init(rank, world_size, f"tcp://127.0.0.1:{port}", device)
     result = _call(rank, world_size, dist.group.WORLD, body, args, device)
     results.put(result)
@@ -252,11 +278,8 @@ DEVICES = [
 
 
 def short(choice_name: str) -> str:
-    """The implementation's own name in an Inductor choice name ("default" for the op's)."""
-    if "_autotuned_" not in choice_name or choice_name.endswith("_fallback_default"):
-        return "default"
-    # 2.13 writes "_group_name__0", 2.11 "_group_name_0"
-    return re.split(r"_(?:delay_ms|group_name)_", choice_name.split("_autotuned_")[1])[0]
+    """The implementation's name in a choice label ("chunked_all_reduce(chunks=4)")."""
+    return choice_name.split("(")[0]
 
 
 def compile_and_check(fn, *inputs):

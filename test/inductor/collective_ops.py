@@ -53,16 +53,47 @@ def _gpu_cycles_per_ms() -> float:
 @torch.library.custom_op("cat_test::delay", mutates_args=())
 def delay(x: torch.Tensor, ms: str) -> torch.Tensor:
     """``x``, after this rank's share of ``ms`` milliseconds (device time on GPU)."""
-    wait = _per_rank(ms)
-    if x.is_cuda:
-        torch.cuda._sleep(int(wait * _gpu_cycles_per_ms()))
-    else:
-        time.sleep(wait / 1e3)
+    _sleep_ms(x, _per_rank(ms))
     return x.clone()
 
 
 @delay.register_fake
 def _(x: torch.Tensor, ms: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _sleep_ms(x: torch.Tensor, ms: float) -> None:
+    if x.is_cuda:
+        torch.cuda._sleep(int(ms * _gpu_cycles_per_ms()))
+    else:
+        time.sleep(ms / 1e3)
+
+
+@torch.library.custom_op("cat_test::delay_rows", mutates_args=())
+def delay_rows(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
+    """``x``, after ``ms_per_row`` milliseconds per row: a cost that grows with size."""
+    _sleep_ms(x, x.shape[0] * ms_per_row)
+    return x.clone()
+
+
+@delay_rows.register_fake
+def _(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+# The tags of the implementations that ran (eagerly or inside a compiled graph).
+ran: list[str] = []
+
+
+@torch.library.custom_op("cat_test::mark", mutates_args=())
+def mark(x: torch.Tensor, tag: str) -> torch.Tensor:
+    """``x``, noting that the implementation ``tag`` ran."""
+    ran.append(tag)
+    return x.clone()
+
+
+@mark.register_fake
+def _(x: torch.Tensor, tag: str) -> torch.Tensor:
     return torch.empty_like(x)
 
 
@@ -178,6 +209,31 @@ def all_reduce_then(name: str, wait_ms: str = "0", before: Callable | None = Non
 
     impl.__name__ = name
     return impl
+
+
+def refuses_when_traced(name: str, ranks: str) -> Callable:
+    """An all-reduce whose implementation raises while traced on ``ranks`` (global
+    ranks, "0,2", or "all"), as a capability check would."""
+
+    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+        if ranks == "all" or str(dist.get_rank()) in ranks.split(","):
+            raise NotImplementedError(f"{name} is not supported on rank {dist.get_rank()}")
+        return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+
+    impl.__name__ = name
+    return impl
+
+
+def flat_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    """An all-reduce that costs 20 ms whatever the size."""
+    out = delay(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), "20")
+    return mark(out, "flat_cost")
+
+
+def per_row_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    """An all-reduce that costs 1 ms per row: faster than flat_cost below 20 rows."""
+    out = delay_rows(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), 1.0)
+    return mark(out, "per_row_cost")
 
 
 def chunked_all_reduce(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:

@@ -1,0 +1,208 @@
+"""One session per graph; decisions kept for the job and across restarts; caches on.
+
+Each case runs on real process groups (gloo on CPU, NCCL on GPUs) and asserts what
+every rank decided, where the decision came from, and that ranks agree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import collective_ops as ops
+from collective_harness import assert_all_ok, compile_and_check, DEVICES, Rank, run_ranks
+
+
+LAYERS = 6
+# Decisions on disk, but compiled graphs not: a restart must tune or reuse them alone.
+NO_GRAPH_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+
+
+def register_two_choices() -> None:
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather)
+
+
+def stack(group: str, layers: int, device: torch.device):
+    """x + all_reduce(x @ w) per layer: one all-reduce op, one key, ``layers`` sites."""
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(16, 16, generator=gen) / 8).to(device) for _ in range(layers)]
+
+    def f(x):
+        for w in weights:
+            x = x + ops.all_reduce(x @ w, group)
+        return x
+
+    return f
+
+
+# -- one session per graph, one winner per key ---------------------------------------------
+
+
+def layers_body(r: Rank) -> list:
+    register_two_choices()
+    return compile_and_check(stack(r.group.group_name, LAYERS, r.device), torch.randn(8, 16, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_site_of_a_key_in_a_graph_inlines_one_benchmarked_winner(device):
+    per_rank = assert_all_ok(run_ranks(2, layers_body, device=device))
+    assert per_rank[0] == per_rank[1]
+    records = per_rank[0]
+    assert len(records) == LAYERS
+    assert [r.source for r in records] == ["benchmark"] + ["job"] * (LAYERS - 1)
+    assert len({r.winner for r in records}) == 1
+    assert len({r.session for r in records}) == 1 and len({r.key for r in records}) == 1
+
+
+def two_graphs_body(r: Rank) -> dict:
+    register_two_choices()
+    group = r.group.group_name
+    x = torch.randn(8, 16, device=r.device)
+    first = compile_and_check(stack(group, 2, r.device), x)
+    torch._dynamo.reset()
+    second = compile_and_check(lambda t: ops.all_reduce(t, group) * 3, x)
+    return {"first": first, "second": second}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_later_graph_reuses_the_group_decision_without_benchmarking(device):
+    a, b = assert_all_ok(run_ranks(2, two_graphs_body, device=device))
+    assert a == b
+    (second,) = a["second"]
+    assert a["first"][0].source == "benchmark"
+    assert second.source == "job" and second.decision == "use" and second.timings == ()
+    assert second.winner == a["first"][0].winner and second.key == a["first"][0].key
+    assert second.session != a["first"][0].session  # another graph, its own session
+
+
+# -- decisions kept on disk across restarts ---------------------------------------------------
+
+
+def one_site_body(r: Rank) -> list:
+    register_two_choices()
+    return compile_and_check(lambda t: ops.all_reduce(t, r.group.group_name) + 1, torch.randn(8, 16, device=r.device))
+
+
+def decision_files(root: Path, rank: int) -> list[Path]:
+    return sorted((root / str(rank) / "collective_autotuning" / "decisions").glob("*.json"))
+
+
+def restart(root: Path, **env: str) -> list:
+    """One run of ``one_site_body`` on 2 ranks whose cache dirs live under ``root``."""
+    full = {"TORCHINDUCTOR_CACHE_DIR": str(root / "{rank}"), **NO_GRAPH_CACHES, **env}
+    (a,), (b,) = assert_all_ok(run_ranks(2, one_site_body, env=full, restarts=True))
+    assert a == b
+    return a
+
+
+def test_a_restart_reuses_the_decision_every_rank_stored(tmp_path):
+    first = restart(tmp_path)
+    assert first.source == "benchmark"
+    assert len(decision_files(tmp_path, 0)) == len(decision_files(tmp_path, 1)) == 1
+    again = restart(tmp_path)
+    assert again.source == "disk" and again.decision == "use" and again.winner == first.winner
+    assert again.key == first.key and again.timings == ()
+
+
+def test_a_corrupt_or_foreign_entry_is_a_miss_and_the_group_tunes_afresh(tmp_path):
+    restart(tmp_path)
+    (entry,) = decision_files(tmp_path, 1)
+    entry.write_text("{not json")
+    assert restart(tmp_path).source == "benchmark"
+    (entry,) = decision_files(tmp_path, 1)
+    data = json.loads(entry.read_text())
+    data["environment"]["group_size"] = 8  # measured on another group size
+    entry.write_text(json.dumps(data))
+    assert restart(tmp_path).source == "benchmark"
+    assert restart(tmp_path).source == "disk"  # rewritten by the fresh tuning
+
+
+def test_retune_and_persist_knobs(tmp_path):
+    restart(tmp_path)
+    assert restart(tmp_path, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RETUNE="1").source == "benchmark"
+    fresh = tmp_path / "fresh"
+    assert restart(fresh, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST="0").source == "benchmark"
+    assert decision_files(fresh, 0) == [] and decision_files(fresh, 1) == []
+    assert restart(fresh).source == "benchmark"
+
+
+# -- compile caches stay on ----------------------------------------------------------------
+
+
+def cached_body(r: Rank) -> dict:
+    register_two_choices()
+    counters.clear()
+    records = compile_and_check(stack(r.group.group_name, 3, r.device), torch.randn(8, 16, device=r.device))
+    return {
+        "records": records,
+        "fx_hits": counters["inductor"]["fxgraph_cache_hit"],
+        "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_warm_restart_loads_every_graph_from_the_caches(device, tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")}
+    cold = assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
+    warm = assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
+    winner = cold[0]["records"][0].winner
+    assert cold[0]["records"] == cold[1]["records"]
+    for rank in warm:
+        assert rank["fx_hits"] + rank["aot_hits"] > 0
+        assert all(r.source == "cache" and r.winner == winner for r in rank["records"])
+        assert not any(r.decision == "benchmark" for r in rank["records"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_rank_warm_one_cold_both_compile_and_agree(device, tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")}
+    assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
+    shutil.rmtree(tmp_path / "1")  # rank 1 cold: graphs and decisions gone
+    warm, cold = assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
+    # The warm rank's hit became a miss: both compiled and tuned together.
+    assert warm["fx_hits"] == 0
+    assert warm["records"] == cold["records"]
+    assert warm["records"][0].source == "benchmark"
+
+
+# -- dynamic sizes: one compile, the right implementation at every size ---------------------------
+
+
+def dynamic_body(r: Rank) -> dict:
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost)
+    group = r.group.group_name
+    counter = CompileCounterWithBackend("inductor")
+    # The op's own implementation waits 50 ms: it never wins.
+    compiled = torch.compile(lambda x: ops.all_reduce(x, group, "50"), backend=counter, dynamic=True, fullgraph=True)
+    ran = {}
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+        compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
+        for rows in (8, 2, 100):
+            x = torch.randn(rows, 4, device=r.device)
+            ops.ran.clear()
+            torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
+            ran[rows] = [t for t in ops.ran if t != "default"]
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+    return {"ran": ran, "frames": counter.frame_count, "records": collective_autotune_records()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
+    a, b = assert_all_ok(run_ranks(2, dynamic_body, device=device, timeout_s=150))
+    assert a["records"] == b["records"]
+    # per_row_cost (1 ms a row) beats flat_cost (20 ms) below 20 rows, and loses above.
+    assert a["ran"] == b["ran"] == {8: ["per_row_cost"], 2: ["per_row_cost"], 100: ["flat_cost"]}
+    assert a["frames"] == 1  # no recompile
+    by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
+    assert by_size["1_1"].winner == by_size["5_16"].winner == "per_row_cost"
+    assert by_size["65_inf"].winner == "flat_cost"
+    # The range between two ranges that agree was not timed.
+    assert by_size["2_4"].source == "ladder" and by_size["2_4"].timings == ()
