@@ -1,286 +1,577 @@
-"""bf16 all-reduce on N GPUs: NCCL vs symmetric-memory one-shot vs two-shot.
+"""All-reduce on N GPUs, tuned through torch.compile: NCCL vs symmetric memory vs the op's own.
 
-One rank per GPU, under torchrun:
+One rank per GPU, under torchrun (the overlay applied):
 
-    torchrun --nproc_per_node=N benchmarks/allreduce_sweep.py ours --out ours.json
-    torchrun --nproc_per_node=N benchmarks/allreduce_sweep.py upstream --out upstream.json
-    python benchmarks/allreduce_sweep.py merge ours.json upstream.json --out results/allreduce_h200xN.json
+    torchrun --nproc_per_node=N benchmarks/allreduce_sweep.py run --out benchmarks/results/allreduce_h200xN.json
+    python benchmarks/allreduce_sweep.py report benchmarks/results/allreduce_h200xN.json  # plot, goals again
 
-``ours`` (overlay applied) measures per size:
-  * truth_us: each implementation in a CUDA graph of 50 calls, replayed; per call,
-    slowest rank. truth_eager_us: 200 eager back-to-back calls; per call, slowest rank.
-  * for mode "graph" and "eager": the CollectiveBenchmarker tuning the three
-    implementations 10 times afresh (measured_us: median of its slowest-rank times;
-    pick: the most frequent pick; flips: how many of the 10 picks differ from it;
-    autotune_ms: median wall time of one tuning), and one torch.compile of the op
-    through Inductor (compiled_pick, compiled_autotune_ms) with the same mode.
-``upstream`` (overlay removed) compiles the same op through upstream Inductor's
-collective benchmarking and records its pick and autotuning wall time.
-``merge`` writes the JSON schema of the README and the plot.
+CPU smoke test (gloo, fp32, the functional NCCL-style choice and the default only, eager):
+
+    torchrun --nproc_per_node=2 benchmarks/allreduce_sweep.py run --device cpu \\
+        --sizes 4096,65536 --repeats 3 --out /tmp/sweep.json
+
+The op is examples/tp_allreduce's ``tp_demo::all_reduce``, registered with
+``one_all_reduce`` ("nccl"), ``symm_mem_one_shot`` ("one_shot") and
+``symm_mem_two_shot`` ("two_shot"); its own implementation ("default") is always a
+fourth choice. ``run`` records, per message size (bytes of a 1-D bf16 tensor):
+
+  * truth_us / truth_eager_us: each implementation compiled on its own (the default
+    with collective autotuning off) and timed as a compiled model calls it: a CUDA
+    graph of many calls, replayed; many eager back-to-back calls. Per call, slowest rank.
+  * per mode, "graph" (the model compiled with mode="reduce-overhead", so the tuner
+    times CUDA graphs) and "eager" (the default mode): ``repeats`` tunings through
+    torch.compile, each from fresh state (a process group that never tuned the key,
+    persistence off): measured_us (per choice, median of what the tuner reported for
+    its slowest rank), pick (most frequent), picks, flips, autotune_ms (median over
+    the tunings of the slowest rank's tuning wall time, without compiling the choices:
+    build_ms), and fields derived from the truth of the row's mode (best, losses,
+    measurement errors, runner-up gap).
+
+The first tuning of the process pays NCCL and symmetric-memory set-up: it is reported
+alone as first_op_autotune_ms. Rank 0 prints one JSON line per row as it goes, then
+writes the JSON, the plot beside it (.png) and the goal report.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
 import time
+from typing import Any, Callable, Optional, Sequence
 
-import torch
-import torch.distributed as dist
+# Every tuning must start from fresh state, so nothing may come from disk: neither a
+# decision persisted by an earlier run nor a compiled graph from Inductor's caches
+# (a cached graph inlines its decisions and skips tuning). Set before torch reads its
+# config.
+os.environ["TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST"] = "0"
+os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch._inductor import config as inductor_config  # noqa: E402
 
-SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-CHOICES = ("nccl", "one_shot", "two_shot")
-REPEATS = 10  # tunings per size and mode, for the flip rate
-GRAPH_CALLS, GRAPH_REPLAYS, EAGER_CALLS = 50, 20, 200
-
-# -- the op and its three implementations (examples/tp_allreduce/ops.py) -------------
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from examples.tp_allreduce import ops  # noqa: E402
 
+
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+CPU_SIZES = [4 * KiB, 64 * KiB]
+REPEATS = 10
+MODES = ("graph", "eager")
+# Our key for each registered implementation of tp_demo::all_reduce (ops.IMPLEMENTATIONS).
 IMPLEMENTATIONS = {"nccl": "one_all_reduce", "one_shot": "symm_mem_one_shot", "two_shot": "symm_mem_two_shot"}
-all_reduce = ops.all_reduce
+CPU_IMPLEMENTATIONS = {"nccl": "one_all_reduce"}  # symmetric memory needs CUDA
+DEFAULT = "default"  # the op's own implementation, always a choice
+COLORS = {"nccl": "tab:blue", "one_shot": "tab:orange", "two_shot": "tab:green", DEFAULT: "tab:purple"}
+
+# Goals (README): pick within 3% of the best truth; measured within 10% of the graph
+# truth for choices of at least 5 us; tuning within 50 ms per op up to 1 MiB and 150 ms
+# at 64 MiB; at most 5% flips where best and runner-up differ by 3% or more.
+PICK_LOSS_GOAL_PCT, MEASURED_ERR_GOAL_PCT, MEASURED_MIN_US = 3.0, 10.0, 5.0
+AUTOTUNE_GOALS_MS: tuple[tuple[str, Callable[[int], bool], float], ...] = (
+    ("<= 1 MiB", lambda nbytes: nbytes <= 1 * MiB, 50.0),
+    ("64 MiB", lambda nbytes: nbytes == 64 * MiB, 150.0),
+)
+FLIP_GAP_PCT, FLIP_GOAL = 3.0, 0.05
 
 
-def register() -> None:
-    ops.register(tuple(IMPLEMENTATIONS.values()))
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every measurement of one run shares."""
+
+    device: torch.device
+    dtype: torch.dtype
+    implementations: dict[str, str]
+    world_name: str  # the truths run on WORLD, as a single-group job would
+    tuning_groups: tuple[str, ...]  # one per repetition: each tunes every key once
+
+    @property
+    def keys(self) -> list[str]:
+        return [*self.implementations, DEFAULT]
 
 
-def implementation_of(choice_name: str) -> str:
-    for short_name, impl in IMPLEMENTATIONS.items():
-        if f"_autotuned_{impl}_" in choice_name:
-            return short_name
-    return "default"  # the op's own (NCCL) implementation
+@dataclasses.dataclass(frozen=True)
+class TruthCounts:
+    """Calls per measurement: many at small sizes, where launch gaps and skew matter;
+    fewer at large ones, where each call lasts long enough alone and time is scarce."""
+
+    graph_calls: int
+    graph_replays: int
+    eager_calls: int
+    eager_samples: int
+
+    @staticmethod
+    def for_size(nbytes: int) -> TruthCounts:
+        # Counts of compiled truth calls, each CHAIN implementation calls.
+        if nbytes >= 64 * MiB:
+            return TruthCounts(graph_calls=2, graph_replays=8, eager_calls=3, eager_samples=3)
+        return TruthCounts(graph_calls=6, graph_replays=20, eager_calls=25, eager_samples=3)
 
 
-# -- measurement helpers ---------------------------------------------------------------
+def short_name(choice: str) -> str:
+    """Our key for a tuner choice name, readable ("symm_mem_one_shot", "default") or
+    Inductor's ("tp_demo::all_reduce_autotuned_symm_mem_one_shot_group_name_0"; the
+    op's own: "tp_demo_all_reduce_fallback" on torch 2.13, "..._fallback_default" on 2.11)."""
+    if choice == DEFAULT or choice.endswith(("_fallback", "_fallback_default")):
+        return DEFAULT
+    for key, implementation in IMPLEMENTATIONS.items():
+        if implementation in choice:
+            return key
+    raise ValueError(f"choice {choice!r} is none of {[*IMPLEMENTATIONS.values(), DEFAULT]}")
 
 
-def slowest(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+# -- collectives of the harness ----------------------------------------------------------
+
+
+def group_max(values: Sequence[float], device: torch.device) -> list[float]:
+    """Each value's maximum over the ranks: the slowest rank decides a collective."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return t.tolist()
 
 
-def barrier() -> None:
-    dist.all_reduce(torch.zeros(1, device="cuda"))
-    torch.cuda.synchronize()
+def barrier(device: torch.device) -> None:
+    dist.all_reduce(torch.zeros(1, device=device))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
-def graph_us(fn) -> float:
-    for _ in range(5):
-        fn()
+# -- truth: each implementation compiled alone ---------------------------------------------
+
+
+# Calls of the implementation per call of its compiled truth function. A model calls
+# the op inside its compiled graph, among its other ops: entering a graph (Dynamo's
+# guards, the wrapper) happens once per model call, not once per op call, so a truth of
+# one op per graph would charge that entry to the op (50-100 us per call on 4 GPUs).
+# Every call reads the graph's input, as the tuned model's op does (an op whose input
+# is an intermediate may be reinplaced by Inductor, saving its copy: not this model).
+CHAIN = 8
+
+
+def compile_truth(key: str, setup: Setup, x: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+    """``key``'s implementation compiled alone, as a compiled model calls it (CHAIN
+    calls in one graph), after one call."""
+    name = setup.world_name
+    implementation = ops.all_reduce if key == DEFAULT else getattr(ops, setup.implementations[key])
+
+    def calls(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(implementation(t, name) for _ in range(CHAIN))
+
+    compiled = torch.compile(calls, fullgraph=True, dynamic=False)
+    # Compiling happens at the first call: untuned, the op lowers to its own kernel.
+    with inductor_config.patch(collective_autotune=False):
+        compiled(x)
+    return compiled
+
+
+def graph_us(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, counts: TruthCounts) -> float:
+    """This rank's µs per implementation call of ``fn`` in a replayed CUDA graph of many calls."""
+    for _ in range(3):
+        fn(x)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
+        for _ in range(counts.graph_calls):
+            fn(x)
     graph.replay()
-    barrier()
+    barrier(x.device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(GRAPH_REPLAYS):
+    for _ in range(counts.graph_replays):
         graph.replay()
     end.record()
     end.synchronize()
-    return slowest(start.elapsed_time(end) * 1e3 / (GRAPH_REPLAYS * GRAPH_CALLS))
+    return start.elapsed_time(end) * 1e3 / (counts.graph_replays * counts.graph_calls * CHAIN)
 
 
-def eager_us(fn) -> float:
+def eager_us(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, counts: TruthCounts) -> float:
+    """This rank's µs per implementation call of ``fn`` called back to back, median of a
+    few samples."""
     samples = []
-    for _ in range(5):
-        barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(EAGER_CALLS):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / EAGER_CALLS)
-    return slowest(statistics.median(samples))
+    for _ in range(counts.eager_samples):
+        barrier(x.device)
+        if x.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(counts.eager_calls):
+                fn(x)
+            end.record()
+            end.synchronize()
+            elapsed_us = start.elapsed_time(end) * 1e3
+        else:  # gloo collectives return when done
+            begin = time.perf_counter()
+            for _ in range(counts.eager_calls):
+                fn(x)
+            elapsed_us = (time.perf_counter() - begin) * 1e6
+        samples.append(elapsed_us / (counts.eager_calls * CHAIN))
+    return statistics.median(samples)
 
 
-# -- ours ------------------------------------------------------------------------------
+def measure_truth(setup: Setup, x: torch.Tensor) -> tuple[Optional[dict[str, float]], dict[str, float]]:
+    """Slowest-rank µs per call of every implementation: CUDA graph (None on the CPU), eager."""
+    counts = TruthCounts.for_size(x.numel() * x.element_size())
+    torch._dynamo.reset()
+    graph, eager = [], []
+    for key in setup.keys:
+        fn = compile_truth(key, setup, x)
+        if setup.device.type == "cuda":
+            graph.append(graph_us(fn, x, counts))
+        eager.append(eager_us(fn, x, counts))
+    eager_max = dict(zip(setup.keys, group_max(eager, setup.device)))
+    if not graph:
+        return None, eager_max
+    return dict(zip(setup.keys, group_max(graph, setup.device))), eager_max
 
 
-def run_ours(out_path: str, sizes: list[int], repeats: int) -> None:
+# -- tuning through torch.compile ---------------------------------------------------------
+
+
+def tune(setup: Setup, x: torch.Tensor, mode: str, group_names: Sequence[str]) -> list[Any]:
+    """Tune the op once on each of ``group_names`` through one torch.compile; their records.
+
+    The model calls the op once per group: each call site is a key its group never
+    tuned, so one compile yields ``len(group_names)`` fresh tunings (cheaper than a
+    compile each: about 2.0 s against 2.7 s for ten on 2 gloo ranks).
+    """
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
-    from torch._inductor.runtime.collective_benchmarking import (
-        BenchmarkSettings,
-        Candidate,
-        CollectiveBenchmarker,
+
+    torch._dynamo.reset()
+    names = tuple(group_names)
+    # reduce-overhead runs the model under CUDA graphs, so the tuner times CUDA graphs.
+    compile_mode = "reduce-overhead" if mode == "graph" else None
+    model = torch.compile(
+        lambda t: tuple(ops.all_reduce(t, name) for name in names),
+        mode=compile_mode, fullgraph=True, dynamic=False,
     )
-    from torch._inductor.runtime.collective_protocol import CollectiveSession
-    group = dist.group.WORLD
-    gname = group.group_name
-    register()
-    store = dist.distributed_c10d._get_default_store()
+    start = len(collective_autotune_records())
+    outputs = model(x)
+    records = collective_autotune_records()[start:]
+    if sorted(r.group_name for r in records) != sorted(names):
+        raise RuntimeError(
+            f"expected one tuning on each of groups {list(names)}, got "
+            f"{[(r.op, r.group_name) for r in records]}"
+        )
+    reused = [(r.group_name, r.source, r.reason) for r in records if r.source != "benchmark"]
+    if reused:
+        raise RuntimeError(f"tunings not from fresh state ({mode}, {x.shape}): {reused}")
+    reference = ops.all_reduce(x, setup.world_name)
+    tol = 3e-2 if x.dtype == torch.bfloat16 else 1e-4  # the sum's order differs by choice
+    for out in outputs:
+        torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+    return sorted(records, key=lambda r: names.index(r.group_name))
+
+
+def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
+               truth: Optional[dict[str, float]], truth_eager: dict[str, float]) -> dict[str, Any]:
+    """The row of one size and mode from its tunings' records (identical on all ranks
+    except for the wall times, which are reduced here)."""
+    picks = [short_name(r.winner) for r in records]
+    pick = collections.Counter(picks).most_common(1)[0][0]
+    timings = collections.defaultdict(list)
+    dropped = {}
+    for r in records:
+        for t in r.timings:
+            timings[short_name(t.name)].append(t.max_us)
+            if t.status != "ok":
+                dropped.setdefault(short_name(t.name), t.status)
+    wall_ms = group_max([s * 1e3 for r in records for s in (r.tuning_s, r.waited_s, r.build_s)], setup.device)
+    tuning_ms, waited_ms, build_ms = wall_ms[0::3], wall_ms[1::3], wall_ms[2::3]
+    row = {
+        "bytes": nbytes,
+        "mode": mode,
+        "truth_us": truth,
+        "truth_eager_us": truth_eager,
+        "measured_us": {k: _finite(statistics.median(v)) for k, v in timings.items()},
+        "pick": pick,
+        "picks": picks,
+        "flips": sum(p != pick for p in picks),
+        "autotune_ms": statistics.median(tuning_ms),
+        # Part of autotune_ms: waiting for the group to arrive (rank skew).
+        "waited_ms": statistics.median(waited_ms),
+        # Not part of it: compiling the choices, which Inductor does for any tuned op.
+        "build_ms": statistics.median(build_ms),
+    }
+    if dropped:
+        row["dropped"] = dropped
+    return _rounded({**row, **derived(row)})
+
+
+def derived(row: dict[str, Any]) -> dict[str, Any]:
+    """Fields against the truth of the row's mode: what the goals are checked on."""
+    truth = row["truth_us"] if row["mode"] == "graph" else row["truth_eager_us"]
+    ranked = sorted(truth, key=truth.get)
+    best = ranked[0]
+
+    def loss(key: str) -> float:
+        return _pct(truth[key], truth[best])
+
+    return {
+        "best": best,
+        "runner_up_gap_pct": _pct(truth[ranked[1]], truth[best]) if len(ranked) > 1 else None,
+        "pick_loss_pct": loss(row["pick"]),
+        "worst_pick_loss_pct": max(loss(p) for p in row["picks"]),
+        "measured_err_pct": {
+            k: None if m is None else _pct(m, truth[k]) for k, m in row["measured_us"].items()
+        },
+    }
+
+
+def _pct(value: float, reference: float) -> float:
+    return (value - reference) / reference * 100
+
+
+def _finite(value: float) -> Optional[float]:
+    return value if math.isfinite(value) else None  # JSON has no infinity
+
+
+def _rounded(value: Any) -> Any:
+    """``value`` with its floats to 0.01 (µs, ms, %): finer is noise."""
+    if isinstance(value, float):
+        return round(value, 2)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def init(device_kind: str) -> torch.device:
+    if device_kind == "cpu":
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def warm_up(setup: Setup, x: torch.Tensor) -> None:
+    """Run every implementation once on every tuning group at ``x``'s size.
+
+    The repetition groups exist only to give each tuning fresh state. Their set-up
+    (NCCL communicators, and a symmetric-memory buffer per group and size, which the
+    example's ops allocate and rendezvous at their first call) is paid by a model once
+    per process, not by each tuning: the process's first tuning pays it, reported as
+    first_op_autotune_ms.
+    """
+    for name in setup.tuning_groups:
+        for implementation in setup.implementations.values():
+            getattr(ops, implementation)(x, name)
+    barrier(setup.device)
+
+
+def sample_input(setup: Setup, nbytes: int) -> torch.Tensor:
+    numel = nbytes // torch.empty((), dtype=setup.dtype).element_size()
+    gen = torch.Generator(setup.device).manual_seed(dist.get_rank())  # ranks differ: the sum shows
+    return torch.randn(numel, generator=gen, device=setup.device, dtype=setup.dtype)
+
+
+def run(args: argparse.Namespace) -> None:
+    device = init(args.device)
+    world = dist.get_world_size()
+    implementations = IMPLEMENTATIONS if device.type == "cuda" else CPU_IMPLEMENTATIONS
+    ops.register(tuple(implementations.values()))
+    setup = Setup(
+        device=device,
+        dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+        implementations=implementations,
+        world_name=dist.group.WORLD.group_name,
+        # Groups have their own names, hence their own tuning state.
+        tuning_groups=tuple(dist.new_group(list(range(world))).group_name for _ in range(args.repeats)),
+    )
+    rank0 = dist.get_rank() == 0
+
+    # The process's first tuning, before anything else touched symmetric memory.
+    (first,) = tune(setup, sample_input(setup, args.sizes[0]), args.modes[0], [setup.world_name])
+    (first_ms,) = _rounded(group_max([first.tuning_s * 1e3], device))
+    if rank0:
+        print(json.dumps({"first_op_autotune_ms": first_ms, "mode": args.modes[0], "bytes": args.sizes[0]}), flush=True)
+
     rows = []
-    for size in sizes:
-        numel = size // 2
-        x = torch.randn(numel, dtype=torch.bfloat16, device="cuda")
-        # The implementations exactly as the compiled model calls them.
-        calls = {
-            "nccl": lambda: ops.one_all_reduce(x, gname),
-            "one_shot": lambda: ops.symm_mem_one_shot_all_reduce(x, gname),
-            "two_shot": lambda: ops.symm_mem_two_shot_all_reduce(x, gname),
-        }
-        truth = {name: graph_us(fn) for name, fn in calls.items()}
-        truth_eager = {name: eager_us(fn) for name, fn in calls.items()}
-        for mode in ("graph", "eager"):
-            picks, measured, tuning_ms = [], collections.defaultdict(list), []
-            with torch._inductor.config.patch(collective_benchmark_mode=mode):
-                settings = BenchmarkSettings.from_config()
-                for rep in range(repeats):
-                    session = CollectiveSession(store, gname, f"sweep.{size}.{mode}.{rep}", dist.get_rank(), dist.get_world_size(), settings.timeout)
-                    bench = CollectiveBenchmarker(group, torch.device("cuda"), settings, session)
-                    start = time.perf_counter()
-                    timings = bench.benchmark([Candidate(n, f) for n, f in calls.items()], lambda: None)
-                    tuning_ms.append((time.perf_counter() - start) * 1e3)
-                    session.close()
-                    picks.append(min(timings, key=lambda t: t.max_us).name)
-                    for t in timings:
-                        measured[t.name].append(t.max_us)
-                # Through Inductor: torch.compile of the op tunes it once.
-                torch._dynamo.reset()
-                start_records = len(collective_autotune_records())
-                compiled = torch.compile(lambda t: all_reduce(t, gname), fullgraph=True, dynamic=False)
-                y = compiled(x)
-                # bf16 sums in another order (ring, one-shot, two-shot): the screen's tolerance
-                ref = ops.one_all_reduce(x, gname)
-                torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item())
-                (record,) = collective_autotune_records()[start_records:]
-            pick = collections.Counter(picks).most_common(1)[0][0]
-            rows.append(
-                {
-                    "bytes": size,
-                    "mode": mode,
-                    "truth_us": truth,
-                    "truth_eager_us": truth_eager,
-                    "measured_us": {n: statistics.median(v) for n, v in measured.items()},
-                    "pick": pick,
-                    "picks": picks,
-                    "flips": sum(p != pick for p in picks),
-                    "autotune_ms": slowest(statistics.median(tuning_ms)),
-                    "compiled_pick": implementation_of(record.winner),
-                    "compiled_autotune_ms": slowest(record.tuning_s * 1e3),
-                    "compiled_measured_us": {implementation_of(t.name): t.max_us for t in record.timings},
-                }
-            )
-            if dist.get_rank() == 0:
+    for nbytes in args.sizes:
+        x = sample_input(setup, nbytes)
+        truth, truth_eager = measure_truth(setup, x)
+        warm_up(setup, x)
+        for mode in args.modes:
+            records = tune(setup, x, mode, setup.tuning_groups)
+            rows.append(tuning_row(setup, nbytes, mode, records, truth, truth_eager))
+            if rank0:
                 print(json.dumps(rows[-1]), flush=True)
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump({"world_size": dist.get_world_size(), "rows": rows}, f, indent=1)
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)",
+        "world_size": world,
+        "torch": torch.__version__,
+        "path": "torch.compile",
+        "dtype": str(setup.dtype).removeprefix("torch."),
+        "repeats": args.repeats,
+        "rows": rows,
+        "first_op_autotune_ms": first_ms,
+    }
+    if rank0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(summary(result), flush=True)
+        plot(result, _png_path(args.out))
+    dist.destroy_process_group()
 
 
-# -- upstream --------------------------------------------------------------------------
+# -- report ---------------------------------------------------------------------------------
 
 
-def run_upstream(out_path: str, sizes: list[int], repeats: int) -> None:
-    from torch._inductor.kernel import custom_op
-
-    gname = dist.group.WORLD.group_name
-    register()
-    selected: list = []
-    inner = custom_op.autotune_select_algorithm
-
-    def timed_select(*args, **kwargs):  # instrumentation of the benchmark, not of the product
-        start = time.perf_counter()
-        result = inner(*args, **kwargs)
-        selected.append((result[1].name, (time.perf_counter() - start) * 1e3))
-        return result
-
-    custom_op.autotune_select_algorithm = timed_select
-    rows = []
-    for size in sizes:
-        x = torch.randn(size // 2, dtype=torch.bfloat16, device="cuda")
-        torch._dynamo.reset()
-        compiled = torch.compile(lambda t: all_reduce(t, gname), fullgraph=True, dynamic=False)
-        try:
-            compiled(x)
-            name, ms = selected[-1]
-            pick = implementation_of(name)
-        except Exception as e:  # noqa: BLE001 - upstream's failure is the result
-            pick, ms = f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}", float("nan")
-        rows.append({"bytes": size, "upstream_pick": pick, "upstream_autotune_ms": slowest(ms)})
-        if dist.get_rank() == 0:
-            print(json.dumps(rows[-1]), flush=True)
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
+def summary(result: dict[str, Any]) -> str:
+    """The goals, checked on the rows: a plain-text report."""
+    lines = [
+        f"goals: {result['world_size']}x {result['device']}, torch {result['torch']}, "
+        f"{result['repeats']} tunings per size and mode through {result['path']}",
+        f"  first tuning of the process: {result['first_op_autotune_ms']:.1f} ms "
+        "(pays NCCL/symmetric-memory set-up; not in the medians below)",
+    ]
+    for mode in MODES:
+        rows = [r for r in result["rows"] if r["mode"] == mode]
+        if rows:
+            lines += [f"[{mode}]", *_mode_summary(mode, rows)]
+    return "\n".join(lines)
 
 
-# -- merge and plot --------------------------------------------------------------------
+def _mode_summary(mode: str, rows: list[dict[str, Any]]) -> list[str]:
+    worst = max(rows, key=lambda r: r["worst_pick_loss_pct"])
+    picks = ", ".join(f"{k} x{n}" for k, n in collections.Counter(worst["picks"]).most_common())
+    lines = [
+        f"  pick loss vs best (goal <= {PICK_LOSS_GOAL_PCT:g}%): worst {worst['worst_pick_loss_pct']:.1f}% "
+        f"at {_size(worst['bytes'])} (picks {picks}; best {worst['best']}) "
+        f"-> {_verdict(worst['worst_pick_loss_pct'] <= PICK_LOSS_GOAL_PCT)}"
+    ]
+    errors = [
+        (abs(err), err, r["bytes"], k)
+        for r in rows
+        for k, err in r["measured_err_pct"].items()
+        if err is not None and _mode_truth(r)[k] >= MEASURED_MIN_US
+    ]
+    if errors:
+        _, err, nbytes, key = max(errors)
+        goal = _verdict(abs(err) <= MEASURED_ERR_GOAL_PCT) if mode == "graph" else "no goal in eager mode"
+        lines.append(
+            f"  measured vs truth, choices >= {MEASURED_MIN_US:g} us (goal within "
+            f"{MEASURED_ERR_GOAL_PCT:g}%): worst {err:+.1f}% ({key} at {_size(nbytes)}) -> {goal}"
+        )
+    lines.append("  autotune ms per op: " + ", ".join(f"{_size(r['bytes'])} {r['autotune_ms']:.1f}" for r in rows))
+    for label, applies, goal_ms in AUTOTUNE_GOALS_MS:
+        at = [r["autotune_ms"] for r in rows if applies(r["bytes"])]
+        if at:
+            lines.append(f"    goal <= {goal_ms:g} ms at {label}: worst {max(at):.1f} -> {_verdict(max(at) <= goal_ms)}")
+    separated = [r for r in rows if (r["runner_up_gap_pct"] or 0) >= FLIP_GAP_PCT]
+    if separated:
+        flips = sum(r["flips"] for r in separated)
+        tunings = sum(len(r["picks"]) for r in separated)
+        where = ", ".join(f"{_size(r['bytes'])} {r['flips']}" for r in separated if r["flips"]) or "none"
+        lines.append(
+            f"  flips where best and runner-up differ by >= {FLIP_GAP_PCT:g}% (goal <= {FLIP_GOAL:.0%}): "
+            f"{flips} of {tunings} tunings at {len(separated)} sizes (where: {where}) "
+            f"-> {_verdict(flips <= FLIP_GOAL * tunings)}"
+        )
+    return lines
 
 
-def merge(ours_path: str, upstream_path: str, out_path: str, device: str, torch_version: str) -> None:
-    with open(ours_path) as f:
-        ours = json.load(f)
-    with open(upstream_path) as f:
-        upstream = {r["bytes"]: r for r in json.load(f)["rows"]}
-    rows = [{**r, **{k: v for k, v in upstream[r["bytes"]].items() if k != "bytes"}} for r in ours["rows"]]
-    result = {"device": device, "world_size": ours["world_size"], "torch": torch_version, "rows": rows}
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
-    plot(result, out_path.replace(".json", ".png"))
+def _mode_truth(row: dict[str, Any]) -> dict[str, float]:
+    return row["truth_us"] if row["mode"] == "graph" else row["truth_eager_us"]
 
 
-def plot(result: dict, png_path: str) -> None:
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT MET"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
+
+
+def _png_path(json_path: str) -> str:
+    return os.path.splitext(json_path)[0] + ".png"
+
+
+def plot(result: dict[str, Any], png_path: str) -> None:
+    """One panel per mode: truth lines, measured crosses, the pick as a square."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    for ax, mode, truth_key in zip(axes, ("graph", "eager"), ("truth_us", "truth_eager_us")):
+    modes = [m for m in MODES if any(r["mode"] == m for r in result["rows"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
         rows = [r for r in result["rows"] if r["mode"] == mode]
         sizes = [r["bytes"] for r in rows]
-        for name, color in zip(CHOICES, ("tab:blue", "tab:orange", "tab:green")):
-            ax.plot(sizes, [r[truth_key][name] for r in rows], "-o", color=color, label=f"{name} (truth)")
-            ax.plot(sizes, [r["measured_us"][name] for r in rows], "x", color=color, ms=9, label=f"{name} (measured)")
+        for key in _mode_truth(rows[0]):
+            color = COLORS[key]
+            ax.plot(sizes, [_mode_truth(r)[key] for r in rows], "-o", color=color, ms=4, label=f"{key} (truth)")
+            measured = [(r["bytes"], r["measured_us"].get(key)) for r in rows]
+            ax.plot(*zip(*[(b, m) for b, m in measured if m is not None]), "x", color=color, ms=9,
+                    label=f"{key} (measured)")
         for r in rows:
-            ax.plot(r["bytes"], r[truth_key][r["pick"]], "s", mfc="none", mec="black", ms=14)
-            if r.get("upstream_pick") in CHOICES:
-                ax.plot(r["bytes"], r[truth_key][r["upstream_pick"]], "v", color="red", ms=8)
-        ax.plot([], [], "s", mfc="none", mec="black", ms=12, label="our pick")
-        ax.plot([], [], "v", color="red", ms=8, label="upstream pick (if not its fallback)")
+            ax.plot(r["bytes"], _mode_truth(r)[r["pick"]], "s", mfc="none", mec="black", ms=14)
+            if r["flips"]:
+                ax.annotate(f"{r['flips']}/{len(r['picks'])} flips", (r["bytes"], _mode_truth(r)[r["pick"]]),
+                            textcoords="offset points", xytext=(0, 12), ha="center", fontsize=7)
+        ax.plot([], [], "s", mfc="none", mec="black", ms=12, label="our pick (most frequent)")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [_size(b) for b in sizes], rotation=45, fontsize=8)
         ax.set_yscale("log")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_title(f"{mode} mode ({'CUDA graph' if mode == 'graph' else 'eager'} truth)")
+        ax.set_xlabel("message size")
+        ax.set_ylabel("µs per all-reduce (slowest rank)")
+        truth_kind = "replayed CUDA graph" if mode == "graph" else "eager back-to-back calls"
+        ax.set_title(f"{mode} mode (truth: {truth_kind})")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("µs per all-reduce (slowest rank)")
-    axes[1].legend(fontsize=8)
-    fig.suptitle(f"bf16 all-reduce, {result['world_size']}x {result['device']}, torch {result['torch']}")
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        f"{result['dtype']} all-reduce tuned through torch.compile, {result['world_size']}x "
+        f"{result['device']}, torch {result['torch']}", fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
 
 
+def report(args: argparse.Namespace) -> None:
+    with open(args.json) as f:
+        result = json.load(f)
+    print(summary(result))
+    plot(result, _png_path(args.json))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["ours", "upstream", "merge"])
-    parser.add_argument("inputs", nargs="*")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--device", default="NVIDIA H200")
-    parser.add_argument("--torch", default="")
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma-separated")
-    parser.add_argument("--repeats", type=int, default=REPEATS)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="measure (under torchrun); writes JSON, plot, goal report")
+    run_parser.add_argument("--out", required=True, help="the JSON; the plot goes beside it (.png)")
+    run_parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    run_parser.add_argument("--sizes", help="bytes, comma-separated (default: 4 KiB .. 256 MiB; on cpu 4, 64 KiB)")
+    run_parser.add_argument("--repeats", type=int, default=REPEATS, help="fresh tunings per size and mode")
+    run_parser.add_argument("--modes", default=None, help="comma-separated of graph,eager (default: both; on cpu eager)")
+    report_parser = commands.add_parser("report", help="the goal report and the plot of a JSON again")
+    report_parser.add_argument("json")
     args = parser.parse_args()
-    if args.what == "merge":
-        merge(*args.inputs, args.out, args.device, args.torch)
+    if args.command == "report":
+        report(args)
         return
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
-    sizes = [int(b) for b in args.sizes.split(",")]
-    (run_ours if args.what == "ours" else run_upstream)(args.out, sizes, args.repeats)
-    dist.destroy_process_group()
+    cpu = args.device == "cpu"
+    args.sizes = [int(b) for b in args.sizes.split(",")] if args.sizes else (CPU_SIZES if cpu else SIZES)
+    args.modes = args.modes.split(",") if args.modes else (["eager"] if cpu else list(MODES))
+    if any(m not in MODES for m in args.modes) or (cpu and "graph" in args.modes):
+        parser.error(f"--modes: {args.modes}; choose from {MODES} (eager only on cpu)")
+    run(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU validation needs, on a machine whose python3 has torch 2.11/2.13:
-#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,torchrun,spawn]
+#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,dynamic,torchrun,spawn]
+# (NPROC=2 on a 4-GPU machine: run it with CUDA_VISIBLE_DEVICES=0,1)
 # Logs and JSON land in OUTDIR. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as the machine sets them).
 set -uo pipefail
@@ -24,13 +25,16 @@ if has demo; then
   fi
 fi
 if has sweep; then
-  V=$(python3 -c "import torch; print(torch.__version__)")
-  timeout 330 torchrun --nproc_per_node="$N" benchmarks/allreduce_sweep.py ours --out "$OUT/ours.json" > "$OUT/sweep_ours_n$N.log" 2>&1; echo "ours rc=$?"
-  python3 tools/overlay.py --python python3 remove
-  timeout 150 torchrun --nproc_per_node="$N" benchmarks/allreduce_sweep.py upstream --out "$OUT/upstream.json" > "$OUT/sweep_upstream_n$N.log" 2>&1; echo "upstream rc=$?"
-  python3 tools/overlay.py --python python3 apply
-  python3 benchmarks/allreduce_sweep.py merge "$OUT/ours.json" "$OUT/upstream.json" --torch "$V" \
-    --device "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" --out "$OUT/allreduce_h200x$N.json"; echo "merge rc=$?"
+  # Everything through torch.compile: JSON, plot (.png beside it) and goal report.
+  timeout 330 torchrun --nproc_per_node="$N" benchmarks/allreduce_sweep.py run --out "$OUT/allreduce_h200x$N.json" > "$OUT/sweep_n$N.log" 2>&1; echo "sweep rc=$?"
+fi
+if has overhead; then
+  # Cold and warm compiles of a 32-layer TP model, the op tuned and untuned (five jobs).
+  timeout 420 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --out "$OUT/compile_overhead_h200x$N.json" > "$OUT/overhead_n$N.log" 2>&1; echo "overhead rc=$?"
+fi
+if has dynamic; then
+  # One compile with a dynamic token dimension, run at 1 .. 16384 tokens.
+  timeout 330 torchrun --nproc_per_node="$N" benchmarks/dynamic_sweep.py --out "$OUT/dynamic_h200x$N.json" > "$OUT/dynamic_n$N.log" 2>&1; echo "dynamic rc=$?"
 fi
 if has torchrun; then
   timeout 210 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"

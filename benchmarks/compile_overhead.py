@@ -1,0 +1,477 @@
+"""Compile time that collective autotuning adds to a tensor-parallel model, cold and warm.
+
+    python benchmarks/compile_overhead.py all --nproc 2 --device cpu     # gloo
+    python benchmarks/compile_overhead.py all --nproc 4 --device cuda    # NCCL
+
+The model is a stack of layers ``x = x + tp_demo::all_reduce(x @ w_i, WORLD)``
+(examples/tp_allreduce/ops.py), one all-reduce per layer, compiled with
+``torch.compile(fullgraph=True, dynamic=False)``. ``all`` runs four torchrun jobs in
+sequence, each in fresh processes because registering an op for autotuning cannot be
+undone in a process:
+
+    untuned cold, untuned warm   the op is a plain custom op (its eager implementation runs)
+    tuned cold, tuned warm       the op is registered with ops.register(...)
+
+"cold" starts from an empty ``TORCHINDUCTOR_CACHE_DIR`` (the FX graph and AOTAutograd
+caches, Triton's kernels and the persisted collective decisions all live there); "warm"
+is a second job on the cold job's cache dir, as after a restart. Each rank measures the
+wall time of the first forward call (compile and one run) and of the second; compile
+time is their difference, MAX over ranks. One job by hand:
+
+    torchrun --nproc_per_node=N benchmarks/compile_overhead.py run --variant tuned \\
+        --phase cold --cache-dir DIR --out part.json
+
+The results JSON (default benchmarks/results/compile_overhead_{gloo2|h200x2|...}.json)
+holds the four runs (compile time, per-rank times, tuned call sites, benchmarked call
+sites, winners, tuning time, cache counters) and the goals of a cheap, cacheable tuning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from examples.tp_allreduce import ops  # noqa: E402
+
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RUNS = (("untuned", "cold"), ("untuned", "warm"), ("tuned", "cold"), ("tuned", "warm"))
+# The sweep's three on GPUs (benchmarks/allreduce_sweep.py); the op's own is always added.
+GPU_IMPLEMENTATIONS = ("one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot")
+COUNTERS = {
+    "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass",
+                 "collective_autotune_sessions", "collective_autotune_sites"),
+    "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass"),
+}
+# Per-device defaults: a ~2 MiB bf16 all-reduce on GPUs; small enough for 2 CPU cores.
+DEFAULTS = {
+    "cuda": {"hidden": 1024, "tokens": 1024, "dtype": "bfloat16"},
+    "cpu": {"hidden": 256, "tokens": 64, "dtype": "float32"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What is compiled; every job of one ``all`` gets the same."""
+
+    device: str
+    layers: int
+    hidden: int
+    tokens: int
+    dtype: str
+    mode: str
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> ModelConfig:
+        defaults = DEFAULTS[args.device]
+        return ModelConfig(
+            device=args.device,
+            layers=args.layers,
+            hidden=args.hidden or defaults["hidden"],
+            tokens=args.tokens or defaults["tokens"],
+            dtype=args.dtype or defaults["dtype"],
+            mode=args.mode,
+        )
+
+    def flags(self) -> list[str]:
+        return [
+            "--device", self.device, "--layers", str(self.layers), "--hidden", str(self.hidden),
+            "--tokens", str(self.tokens), "--dtype", self.dtype, "--mode", self.mode,
+        ]
+
+
+class TPStack(nn.Module):
+    """``layers`` times x = x + all_reduce(x @ w_i): one all-reduce call site per layer."""
+
+    def __init__(self, layers: int, hidden: int, group_name: str, world: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)  # the same weights on every rank
+        # The all-reduce sums `world` equal partials: with this scale a layer adds about half
+        # of |x| in a random direction, ~12% growth per layer (~35x over 32), fine in bf16.
+        scale = 0.5 / (hidden**0.5 * world)
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.randn(hidden, hidden, generator=gen) * scale) for _ in range(layers)
+        )
+        self.group_name = group_name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = x + ops.all_reduce(x @ w, self.group_name)
+        return x
+
+
+# -- one job (every rank of a torchrun) ----------------------------------------------
+
+
+def run_job(args: argparse.Namespace) -> None:
+    model_cfg = ModelConfig.from_args(args)
+    rank = int(os.environ["RANK"])
+    cache_dir = args.cache_dir if args.shared_cache else os.path.join(args.cache_dir, f"rank{rank}")
+    # Before the first compile reads them: everything cacheable lands in this job's dir
+    # (Inductor puts Triton's kernels under it unless TRITON_CACHE_DIR points elsewhere).
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(cache_dir)
+    os.environ.pop("TRITON_CACHE_DIR", None)
+    # Checked before the rendezvous, so before any rank of a shared dir writes to it.
+    if args.phase == "cold" and os.path.isdir(cache_dir) and os.listdir(cache_dir):
+        raise SystemExit(f"a cold job needs an empty cache dir; {cache_dir} is not")
+    device = init_process_group(model_cfg.device)
+    world = dist.get_world_size()
+    if args.variant == "tuned":
+        ops.register(implementations(model_cfg.device))
+
+    dtype = getattr(torch, model_cfg.dtype)
+    model = TPStack(model_cfg.layers, model_cfg.hidden, dist.group.WORLD.group_name, world)
+    model = model.to(device, dtype).requires_grad_(False)
+    x = torch.randn(model_cfg.tokens, model_cfg.hidden, generator=torch.Generator().manual_seed(1))
+    x = x.to(device, dtype)
+    compiled = torch.compile(
+        model, fullgraph=True, dynamic=False,
+        mode=None if model_cfg.mode == "default" else model_cfg.mode,
+    )
+    with torch.no_grad():
+        first_s, out = timed_call(compiled, x, device)
+        # Before the next call: under CUDA graphs it may reuse the output's memory.
+        output_sha256 = hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+        second_s, _ = timed_call(compiled, x, device)
+    mine = {
+        "rank": rank,
+        "first_call_s": first_s,
+        "second_call_s": second_s,
+        "compile_s": first_s - second_s,
+        "output_sha256": output_sha256,
+        "counters": cache_counters(),
+        **record_summary(model_cfg.device),
+    }
+    per_rank: list[Any] = [None] * world
+    dist.all_gather_object(per_rank, mine)
+    if rank == 0:
+        part = {
+            "variant": args.variant,
+            "phase": args.phase,
+            "device": device_name(device),
+            "world_size": world,
+            "torch": torch.__version__,
+            "model": dataclasses.asdict(model_cfg),
+            "per_rank": per_rank,
+        }
+        with open(args.out, "w") as f:
+            json.dump(part, f, indent=1)
+    dist.destroy_process_group()
+
+
+def init_process_group(device_type: str) -> torch.device:
+    if device_type == "cpu":
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def implementations(device_type: str) -> tuple[str, ...]:
+    return GPU_IMPLEMENTATIONS if device_type == "cuda" else ops.CPU_IMPLEMENTATIONS
+
+
+def timed_call(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device
+) -> tuple[float, torch.Tensor]:
+    """Wall time of one call, all ranks starting together and its device work included."""
+    dist.barrier()
+    start = time.perf_counter()
+    out = fn(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def cache_counters() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {
+        name: counters[section][name]
+        for section, names in COUNTERS.items()
+        for name in names
+        if name in counters[section]
+    }
+
+
+def record_summary(device_type: str) -> dict[str, Any]:
+    """Call sites tuned in this process, how many were timed, and their winners."""
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+    records = collective_autotune_records()
+    return {
+        "call_sites": len(records),
+        "benchmarks": sum(was_benchmarked(r) for r in records),
+        # Where each decision came from ("benchmark", "job", "disk", ...); the decision
+        # itself while records have no `source`.
+        "sources": [getattr(r, "source", r.decision) for r in records],
+        "winners": [short_winner(r.winner, implementations(device_type)) for r in records],
+        "tuning_s_sum": sum(r.tuning_s for r in records),
+    }
+
+
+def was_benchmarked(record: Any) -> bool:
+    # Records say where a reused decision came from once `source` exists; before, every
+    # "benchmark" decision timed its call site.
+    source = getattr(record, "source", None)
+    return source == "benchmark" if source is not None else record.decision == "benchmark"
+
+
+def short_winner(choice_name: str, names: tuple[str, ...]) -> str:
+    """The implementation behind a choice name; "default" for the op's own."""
+    return next((n for n in names if f"_autotuned_{n}_" in choice_name), "default")
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (gloo)"
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+def run_all(args: argparse.Namespace) -> None:
+    model_cfg = ModelConfig.from_args(args)
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="compile_overhead_")
+    print(f"caches and per-job results under {work_dir}", flush=True)
+    # A machine's first compile reads the compiler and the headers from disk: a throwaway
+    # one-layer job keeps that cost out of the first measured job.
+    launch(args.nproc, dataclasses.replace(model_cfg, layers=1), "untuned", "cold",
+           empty_dir(os.path.join(work_dir, "cache_warm_up")), os.path.join(work_dir, "warm_up.json"),
+           args.shared_cache, label="warm-up")
+    parts = {}
+    for variant, phase in RUNS:
+        cache_dir = os.path.join(work_dir, f"cache_{variant}")
+        if phase == "cold":  # fresh per variant, even in a reused --work-dir
+            empty_dir(cache_dir)
+        part_path = os.path.join(work_dir, f"{variant}_{phase}.json")
+        launch(args.nproc, model_cfg, variant, phase, cache_dir, part_path, args.shared_cache)
+        with open(part_path) as f:
+            parts[f"{variant}_{phase}"] = json.load(f)
+    result = merge(parts, model_cfg)
+    out = args.out or os.path.join(RESULTS_DIR, f"compile_overhead_{machine_tag(result)}.json")
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(summary(result))
+    print(f"results: {out}")
+
+
+def empty_dir(path: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def launch(
+    nproc: int, model_cfg: ModelConfig, variant: str, phase: str, cache_dir: str, part_path: str,
+    shared_cache: bool, label: str = "",
+) -> None:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        os.path.abspath(__file__), "run", "--variant", variant, "--phase", phase,
+        "--cache-dir", cache_dir, "--out", part_path, *model_cfg.flags(),
+        *(["--shared-cache"] if shared_cache else []),
+    ]
+    label = label or f"{variant} {phase}"
+    print(f"\n== {label}: {' '.join(command)}", flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    print(f"== {label}: job took {time.perf_counter() - start:.1f} s", flush=True)
+
+
+def merge(parts: dict[str, dict[str, Any]], model_cfg: ModelConfig) -> dict[str, Any]:
+    first = parts["untuned_cold"]
+    runs = {name: run_result(part) for name, part in parts.items()}
+    for variant in ("untuned", "tuned"):
+        cold, warm = parts[f"{variant}_cold"], parts[f"{variant}_warm"]
+        runs[f"{variant}_warm"]["outputs_match_cold"] = all(
+            w["output_sha256"] == c["output_sha256"] for w, c in zip(warm["per_rank"], cold["per_rank"])
+        )
+    return {
+        "device": first["device"],
+        "world_size": first["world_size"],
+        "torch": first["torch"],
+        "layers": model_cfg.layers,
+        "hidden": model_cfg.hidden,
+        "tokens": model_cfg.tokens,
+        "dtype": model_cfg.dtype,
+        "mode": model_cfg.mode,
+        "runs": runs,
+        "goals": goals(runs, model_cfg.device),
+    }
+
+
+def run_result(part: dict[str, Any]) -> dict[str, Any]:
+    """One job's numbers: the slowest rank's where ranks differ, and every rank's."""
+    ranks = part["per_rank"]
+    counters = sorted({name for r in ranks for name in r["counters"]})
+    winners_per_site = ranks[0]["winners"]
+    return {
+        "compile_s": max(r["compile_s"] for r in ranks),
+        "compile_s_per_rank": [r["compile_s"] for r in ranks],
+        "first_call_s_per_rank": [r["first_call_s"] for r in ranks],
+        "second_call_s_per_rank": [r["second_call_s"] for r in ranks],
+        "call_sites": max(r["call_sites"] for r in ranks),
+        "benchmarks": max(r["benchmarks"] for r in ranks),
+        "sources": sorted({s for r in ranks for s in r["sources"]}),
+        # A tuned job whose graphs all load from the caches lowers nothing, so records nothing.
+        "winners": "from cache" if part["variant"] == "tuned" and not winners_per_site
+        else sorted(set(winners_per_site)),
+        "winners_per_site": winners_per_site,
+        "ranks_agree": all(r["winners"] == winners_per_site for r in ranks),
+        "tuning_s_sum": max(r["tuning_s_sum"] for r in ranks),
+        "counters": {name: [r["counters"].get(name, 0) for r in ranks] for name in counters},
+    }
+
+
+def goals(runs: dict[str, dict[str, Any]], device_type: str) -> dict[str, dict[str, Any]]:
+    gpu = device_type == "cuda"
+    untuned_cold, untuned_warm = runs["untuned_cold"], runs["untuned_warm"]
+    tuned_cold, tuned_warm = runs["tuned_cold"], runs["tuned_warm"]
+    overhead = 100 * (tuned_cold["compile_s"] / untuned_cold["compile_s"] - 1)
+    overhead_goal = 10 if gpu else 25
+    if gpu:
+        warm_goal, warm_limit = "within 10% of untuned_warm", 1.1 * untuned_warm["compile_s"]
+    else:
+        warm_goal, warm_limit = "<= 0.5 x tuned_cold", 0.5 * tuned_cold["compile_s"]
+    return {
+        "tuned_cold_overhead_pct": {
+            "value": overhead, "goal": f"<= {overhead_goal}%", "met": overhead <= overhead_goal,
+        },
+        "one_winner_cold": {
+            "value": tuned_cold["winners"], "call_sites": tuned_cold["call_sites"],
+            "goal": "one winner for all call sites",
+            "met": tuned_cold["call_sites"] > 0 and len(tuned_cold["winners"]) == 1,
+        },
+        "tuned_warm_no_benchmarking": {
+            "value": tuned_warm["benchmarks"], "goal": "0 call sites timed",
+            "met": tuned_warm["benchmarks"] == 0,
+        },
+        "tuned_warm_compile_s": {
+            "value": tuned_warm["compile_s"], "goal": warm_goal,
+            "met": tuned_warm["compile_s"] <= warm_limit,
+        },
+        "tuned_warm_same_winners": same_winners(tuned_cold, tuned_warm),
+    }
+
+
+def same_winners(cold: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """Whether the warm job inlines the cold job's winners.
+
+    With records, compare them per call site. Without (every graph loaded from the
+    caches), the loaded code is the cold job's, winners included: every rank must have
+    hit the FX graph cache and missed nothing, and the output must be the cold one.
+    """
+    if warm["winners_per_site"]:
+        differ = sum(w != c for w, c in zip(warm["winners_per_site"], cold["winners_per_site"]))
+        differ += abs(len(warm["winners_per_site"]) - len(cold["winners_per_site"]))
+        return {
+            "value": f"{differ} of {len(cold['winners_per_site'])} call sites differ",
+            "goal": "the cold job's winners per call site, same output",
+            "met": differ == 0 and warm["outputs_match_cold"],
+        }
+    counters = warm["counters"]
+    from_cache = all(counters.get("fxgraph_cache_hit", [0])) and not any(
+        counters.get("fxgraph_cache_miss", [])
+    )
+    return {
+        "value": "graphs from cache" if from_cache else "no records, graphs not from cache",
+        "goal": "the cold job's winners (cached graphs, same output)",
+        "met": from_cache and warm["outputs_match_cold"],
+    }
+
+
+def machine_tag(result: dict[str, Any]) -> str:
+    """gloo2, h200x2, h200x4, ...: the GPU model from its name ("NVIDIA H200")."""
+    if result["device"].startswith("cpu"):
+        return f"gloo{result['world_size']}"
+    model = re.search(r"\b([A-Z]+\d+)\b", result["device"])
+    return f"{model.group(1).lower() if model else 'gpu'}x{result['world_size']}"
+
+
+def summary(result: dict[str, Any]) -> str:
+    lines = [
+        f"\ncompile overhead of collective autotuning: {result['layers']} layers, hidden "
+        f"{result['hidden']}, {result['tokens']} tokens, {result['dtype']}, mode {result['mode']}, "
+        f"{result['world_size']}x {result['device']}, torch {result['torch']}",
+        f"{'run':<13} {'compile s':>9} {'1st call s':>10} {'2nd call s':>10} {'sites':>5} "
+        f"{'timed':>5} {'tuning s':>8} {'fx hit/miss':>11} {'aot hit/miss':>12} {'sessions':>8}  winners",
+    ]
+    for name, run in result["runs"].items():
+        c = run["counters"]
+        lines.append(
+            f"{name:<13} {run['compile_s']:>9.2f} {max(run['first_call_s_per_rank']):>10.2f} "
+            f"{max(run['second_call_s_per_rank']):>10.3f} {run['call_sites']:>5} {run['benchmarks']:>5} "
+            f"{run['tuning_s_sum']:>8.2f} {pair(c, 'fxgraph_cache'):>11} {pair(c, 'autograd_cache'):>12} "
+            f"{max(c.get('collective_autotune_sessions', ['-'])):>8}  {describe_winners(run)}"
+        )
+    lines.append("goals:")
+    for name, goal in result["goals"].items():
+        value = goal["value"]
+        shown = f"{value:.2f}" if isinstance(value, float) else str(value)
+        lines.append(f"  {'met' if goal['met'] else 'NOT MET':<7}  {name}: {shown} (goal: {goal['goal']})")
+    return "\n".join(lines)
+
+
+def pair(counters: dict[str, list[int]], prefix: str) -> str:
+    """Hits/misses of one cache, worst over ranks (fewest hits, most misses)."""
+    return f"{min(counters.get(prefix + '_hit', [0]))}/{max(counters.get(prefix + '_miss', [0]))}"
+
+
+def describe_winners(run: dict[str, Any]) -> str:
+    if run["winners"] == "from cache":
+        return "from cache" + (", same output as cold" if run.get("outputs_match_cold") else "")
+    return ",".join(run["winners"]) or "-"
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    common.add_argument("--layers", type=int, default=32)
+    common.add_argument("--hidden", type=int, help="default: 1024 on cuda, 256 on cpu")
+    common.add_argument("--tokens", type=int, help="default: 1024 on cuda, 64 on cpu")
+    common.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                        help="default: bfloat16 on cuda, float32 on cpu")
+    common.add_argument("--mode", choices=["default", "reduce-overhead"], default="default",
+                        help="torch.compile mode (reduce-overhead: CUDA graphs, cuda only)")
+    common.add_argument("--shared-cache", action="store_true",
+                        help="all ranks share the cache dir (default: DIR/rank{r} per rank)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", parents=[common], help="one job, under torchrun")
+    run.add_argument("--variant", choices=["untuned", "tuned"], required=True)
+    run.add_argument("--phase", choices=["cold", "warm"], required=True)
+    run.add_argument("--cache-dir", required=True)
+    run.add_argument("--out", required=True, help="the job's part JSON, written by rank 0")
+    every = commands.add_parser("all", parents=[common], help="the four jobs, then the results")
+    every.add_argument("--nproc", type=int, default=2)
+    every.add_argument("--work-dir", help="caches and part JSONs (default: a new temporary dir)")
+    every.add_argument("--out", help="results JSON (default: benchmarks/results/compile_overhead_<machine>.json)")
+    args = parser.parse_args()
+    if args.mode == "reduce-overhead" and args.device != "cuda":
+        parser.error("--mode reduce-overhead needs --device cuda")
+    (run_job if args.command == "run" else run_all)(args)
+
+
+if __name__ == "__main__":
+    main()
