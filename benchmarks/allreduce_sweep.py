@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -111,10 +112,9 @@ class TruthCounts:
 
     @staticmethod
     def for_size(nbytes: int) -> TruthCounts:
-        # Counts of compiled truth calls, each CHAIN implementation calls.
         if nbytes >= 64 * MiB:
-            return TruthCounts(graph_calls=2, graph_replays=8, eager_calls=3, eager_samples=3)
-        return TruthCounts(graph_calls=6, graph_replays=20, eager_calls=25, eager_samples=3)
+            return TruthCounts(graph_calls=10, graph_replays=10, eager_calls=20, eager_samples=3)
+        return TruthCounts(graph_calls=50, graph_replays=20, eager_calls=200, eager_samples=3)
 
 
 def short_name(choice: str) -> str:
@@ -148,33 +148,19 @@ def barrier(device: torch.device) -> None:
 # -- truth: each implementation compiled alone ---------------------------------------------
 
 
-# Calls of the implementation per call of its compiled truth function. A model calls
-# the op inside its compiled graph, among its other ops: entering a graph (Dynamo's
-# guards, the wrapper) happens once per model call, not once per op call, so a truth of
-# one op per graph would charge that entry to the op (50-100 us per call on 4 GPUs).
-# Every call reads the graph's input, as the tuned model's op does (an op whose input
-# is an intermediate may be reinplaced by Inductor, saving its copy: not this model).
-CHAIN = 8
-
-
-def compile_truth(key: str, setup: Setup, x: torch.Tensor) -> Callable[[torch.Tensor], Any]:
-    """``key``'s implementation compiled alone, as a compiled model calls it (CHAIN
-    calls in one graph), after one call."""
+def compile_truth(key: str, setup: Setup, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``key``'s implementation compiled alone, as a compiled model calls it, after one call."""
     name = setup.world_name
     implementation = ops.all_reduce if key == DEFAULT else getattr(ops, setup.implementations[key])
-
-    def calls(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(implementation(t, name) for _ in range(CHAIN))
-
-    compiled = torch.compile(calls, fullgraph=True, dynamic=False)
+    compiled = torch.compile(lambda t: implementation(t, name), fullgraph=True, dynamic=False)
     # Compiling happens at the first call: untuned, the op lowers to its own kernel.
     with inductor_config.patch(collective_autotune=False):
         compiled(x)
     return compiled
 
 
-def graph_us(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, counts: TruthCounts) -> float:
-    """This rank's µs per implementation call of ``fn`` in a replayed CUDA graph of many calls."""
+def graph_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: TruthCounts) -> float:
+    """This rank's µs per call of ``fn`` in a replayed CUDA graph of many calls."""
     for _ in range(3):
         fn(x)
     torch.cuda.synchronize()
@@ -190,12 +176,11 @@ def graph_us(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, counts: TruthCo
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (counts.graph_replays * counts.graph_calls * CHAIN)
+    return start.elapsed_time(end) * 1e3 / (counts.graph_replays * counts.graph_calls)
 
 
-def eager_us(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, counts: TruthCounts) -> float:
-    """This rank's µs per implementation call of ``fn`` called back to back, median of a
-    few samples."""
+def eager_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: TruthCounts) -> float:
+    """This rank's µs per call of ``fn`` called back to back, median of a few samples."""
     samples = []
     for _ in range(counts.eager_samples):
         barrier(x.device)
@@ -212,7 +197,7 @@ def eager_us(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, counts: TruthCo
             for _ in range(counts.eager_calls):
                 fn(x)
             elapsed_us = (time.perf_counter() - begin) * 1e6
-        samples.append(elapsed_us / (counts.eager_calls * CHAIN))
+        samples.append(elapsed_us / counts.eager_calls)
     return statistics.median(samples)
 
 
@@ -362,14 +347,18 @@ def warm_up(setup: Setup, x: torch.Tensor) -> None:
     """Run every implementation once on every tuning group at ``x``'s size.
 
     The repetition groups exist only to give each tuning fresh state. Their set-up
-    (NCCL communicators, and a symmetric-memory buffer per group and size, which the
-    example's ops allocate and rendezvous at their first call) is paid by a model once
-    per process, not by each tuning: the process's first tuning pays it, reported as
-    first_op_autotune_ms.
+    (NCCL communicators and their first CUDA-graph capture, and a symmetric-memory
+    buffer per group and size, which the example's ops allocate and rendezvous at their
+    first call) is paid by a model once per process, not by each tuning: the process's
+    first tuning pays it, reported as first_op_autotune_ms.
     """
     for name in setup.tuning_groups:
         for implementation in setup.implementations.values():
-            getattr(ops, implementation)(x, name)
+            call = functools.partial(getattr(ops, implementation), x, name)
+            call()
+            if x.is_cuda:  # a communicator's first capture sets it up for graphs
+                with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    call()
     barrier(setup.device)
 
 

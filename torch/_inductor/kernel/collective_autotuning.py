@@ -48,6 +48,7 @@ from torch._inductor.runtime.collective_decisions import (
 from torch._inductor.runtime.collective_protocol import (
     CollectiveAutotuneError,
     CollectiveSession,
+    waited_seconds,
 )
 
 
@@ -92,8 +93,8 @@ class CollectiveAutotuneRecord:
     winner: str
     # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager".
     mode: str = ""
-    # Seconds this rank waited for the group to arrive, spent compiling choices, and
-    # spent otherwise on the decision (votes and benchmark).
+    # Seconds this rank waited for its peers (to arrive, to vote), spent compiling
+    # choices, and spent otherwise on the decision (its own votes and the benchmark).
     waited_s: float = dataclasses.field(default=0.0, compare=False)
     build_s: float = dataclasses.field(default=0.0, compare=False)
     tuning_s: float = dataclasses.field(default=0.0, compare=False)
@@ -486,7 +487,7 @@ def select_collective_choice(
     from torch._dynamo.utils import counters
     from torch._inductor import config
 
-    started = time.monotonic()
+    started, waited_before = time.monotonic(), waited_seconds()
     op = _ops.get(name)
     by_label = {choice_label(c, op): c for c in choices}
     prepared = _prepared.pop(name, None)
@@ -558,7 +559,7 @@ def select_collective_choice(
             StoredDecision(key, environment(process_group, device), winner,
                            {t.name: t.max_us for t in timings})
         )
-    waited_s = voting.take_wait()
+    waited_s = waited_seconds() - waited_before
     record = CollectiveAutotuneRecord(
         op=name,
         group_name=process_group.group_name,

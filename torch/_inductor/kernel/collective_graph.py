@@ -28,7 +28,6 @@ import functools
 import hashlib
 import json
 import logging
-import time
 import weakref
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
@@ -128,15 +127,8 @@ class GroupSession:
     session: CollectiveSession
     decision: Decision
     decisions: GroupDecisions
-    # Seconds this rank waited for the group to arrive (reported by the first site).
-    waited_s: float
     # Keys already settled in this graph: later sites of a key reuse them unvoted.
     settled: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def take_wait(self) -> float:
-        """The arrival wait, once: the site that joined reports it, later ones do not."""
-        waited, self.waited_s = self.waited_s, 0.0
-        return waited
 
     @property
     def votes(self) -> bool:
@@ -199,14 +191,10 @@ def _join(group: ProcessGroup, plan: str, timeout: float, loaded: str, name: str
     session = CollectiveSession(
         store, group.group_name, name, dist.get_rank(group), group.size(), timeout
     )
-    arrived = time.monotonic()
     decision = session.agree(
         {"loaded": loaded}, decide=_decide_graph, fallback=lambda why: Decision("fallback", why)
     )
-    return GroupSession(
-        group, plan, session, decision, GroupDecisions(store, group.group_name),
-        time.monotonic() - arrived,
-    )
+    return GroupSession(group, plan, session, decision, GroupDecisions(store, group.group_name))
 
 
 def _decide_graph(joins: list[dict[str, Any]]) -> Decision:

@@ -84,10 +84,13 @@ _MIN_GRAPH_CALLS = 8
 # Rounds before the first comparison across ranks (quartiles need a few samples);
 # host-paced eager samples on GPUs jitter more.
 _MIN_ROUNDS = 3
-_MIN_EAGER_GPU_ROUNDS = 4
+_MIN_EAGER_GPU_ROUNDS = 5
 # Choices within this fraction of the leader's median are a tie: more samples would
 # not change which is faster by a margin that matters.
-_TIE_FRACTION = 0.01
+_TIE_FRACTION = 0.02
+# A choice is clearly slower when its lower quartile is above the leader's upper
+# quartile by at least this fraction: quartiles of a few samples still move.
+_DROP_MARGIN = 0.02
 # GPU time (us) that the host gets to enqueue a graph round before the GPU reaches it:
 # a few launches and event records per choice.
 _HOST_LEAD_US = 400.0
@@ -450,7 +453,10 @@ class CollectiveBenchmarker:
         reduced = self._all_reduce_max([q for s in stats for q in s])
         low, mid, high = (reduced[k::3] for k in range(3))
         leader = min(live, key=lambda i: mid[i])
-        dropped = [i for i in live if i != leader and i not in keep and low[i] > high[leader]]
+        dropped = [
+            i for i in live
+            if i != leader and i not in keep and low[i] > high[leader] * (1 + _DROP_MARGIN)
+        ]
         if dropped:
             log.debug(
                 "dropping %s: clearly slower than %s on their slowest rank",

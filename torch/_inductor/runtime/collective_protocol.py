@@ -282,6 +282,15 @@ class CollectiveSession:
         return self._store.get(key) if self._store.check([key]) else None
 
 
+# Seconds this process spent waiting for peers in the Store, for the records.
+_waited_s = 0.0
+
+
+def waited_seconds() -> float:
+    """Seconds this process has waited for peers so far (arrivals, votes, decisions)."""
+    return _waited_s
+
+
 def _poll(
     store: Store,
     keys: list[str],
@@ -289,12 +298,17 @@ def _poll(
     check_abort: Optional[Callable[[], None]] = None,
 ) -> bool:
     """True once all ``keys`` exist; False if ``deadline`` passes first."""
+    global _waited_s
+    began = time.monotonic()
     interval = _POLL_MIN_S
-    while not store.check(keys):
-        if check_abort is not None:
-            check_abort()
-        if deadline.expired():
-            return False
-        time.sleep(min(interval, deadline.remaining()))
-        interval = min(interval * 1.5, _POLL_MAX_S)
-    return True
+    try:
+        while not store.check(keys):
+            if check_abort is not None:
+                check_abort()
+            if deadline.expired():
+                return False
+            time.sleep(min(interval, deadline.remaining()))
+            interval = min(interval * 1.5, _POLL_MAX_S)
+        return True
+    finally:
+        _waited_s += time.monotonic() - began
