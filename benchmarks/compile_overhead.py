@@ -224,6 +224,7 @@ def record_summary(device_type: str) -> dict[str, Any]:
         # itself while records have no `source`.
         "sources": [getattr(r, "source", r.decision) for r in records],
         "winners": [short_winner(r.winner, implementations(device_type)) for r in records],
+        "winners_by_key": {r.key: short_winner(r.winner, implementations(device_type)) for r in records},
         "tuning_s_sum": sum(r.tuning_s for r in records),
     }
 
@@ -331,11 +332,10 @@ def run_result(part: dict[str, Any]) -> dict[str, Any]:
         "call_sites": max(r["call_sites"] for r in ranks),
         "benchmarks": max(r["benchmarks"] for r in ranks),
         "sources": sorted({s for r in ranks for s in r["sources"]}),
-        # A tuned job whose graphs all load from the caches lowers nothing, so records nothing.
-        "winners": "from cache" if part["variant"] == "tuned" and not winners_per_site
-        else sorted(set(winners_per_site)),
+        "winners": sorted(set(winners_per_site)),
         "winners_per_site": winners_per_site,
-        "ranks_agree": all(r["winners"] == winners_per_site for r in ranks),
+        "winners_by_key": ranks[0]["winners_by_key"],
+        "ranks_agree": all(r["winners_by_key"] == ranks[0]["winners_by_key"] for r in ranks),
         "tuning_s_sum": max(r["tuning_s_sum"] for r in ranks),
         "counters": {name: [r["counters"].get(name, 0) for r in ranks] for name in counters},
     }
@@ -373,28 +373,18 @@ def goals(runs: dict[str, dict[str, Any]], device_type: str) -> dict[str, dict[s
 
 
 def same_winners(cold: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
-    """Whether the warm job inlines the cold job's winners.
+    """Whether the warm job inlines the cold job's winners, key by key.
 
-    With records, compare them per call site. Without (every graph loaded from the
-    caches), the loaded code is the cold job's, winners included: every rank must have
-    hit the FX graph cache and missed nothing, and the output must be the cold one.
+    A warm job compiles nothing where every graph loads from the caches: its records
+    are then those of the loaded graphs' decisions, one per key. The output must be
+    the cold one too.
     """
-    if warm["winners_per_site"]:
-        differ = sum(w != c for w, c in zip(warm["winners_per_site"], cold["winners_per_site"]))
-        differ += abs(len(warm["winners_per_site"]) - len(cold["winners_per_site"]))
-        return {
-            "value": f"{differ} of {len(cold['winners_per_site'])} call sites differ",
-            "goal": "the cold job's winners per call site, same output",
-            "met": differ == 0 and warm["outputs_match_cold"],
-        }
-    counters = warm["counters"]
-    from_cache = all(counters.get("fxgraph_cache_hit", [0])) and not any(
-        counters.get("fxgraph_cache_miss", [])
-    )
+    keys = set(cold["winners_by_key"]) | set(warm["winners_by_key"])
+    differ = sorted(k for k in keys if cold["winners_by_key"].get(k) != warm["winners_by_key"].get(k))
     return {
-        "value": "graphs from cache" if from_cache else "no records, graphs not from cache",
-        "goal": "the cold job's winners (cached graphs, same output)",
-        "met": from_cache and warm["outputs_match_cold"],
+        "value": f"{len(differ)} of {len(keys)} keys differ" + (f": {differ}" if differ else ""),
+        "goal": "the cold job's winner for every key, same output",
+        "met": not differ and warm["outputs_match_cold"],
     }
 
 
@@ -436,12 +426,7 @@ def pair(counters: dict[str, list[int]], prefix: str) -> str:
 
 
 def describe_winners(run: dict[str, Any]) -> str:
-    if run["winners"] == "from cache":
-        return "from cache" + (", same output as cold" if run.get("outputs_match_cold") else "")
     return ",".join(run["winners"]) or "-"
-
-
-# -- command line ----------------------------------------------------------------------
 
 
 def main() -> None:

@@ -170,17 +170,28 @@ def prepare_choices(
     winner = _decided_before_tracing(
         name, labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs
     )
+    traced = [_guarded(d, op) for d in decompositions]
     if winner is not None:
         keep = [i for i, label in enumerate(labels) if i == 0 or label == winner]
+        if labels[0] != winner:
+            # Upstream gives the op's own implementation the first implementation's
+            # arguments: keep those, traced cheaply as the op itself.
+            traced[0] = _the_op_itself(op, schema)
 
     def kept(items: Optional[Sequence[Any]]) -> Any:
         return None if items is None else [items[i] for i in keep]
 
-    return (
-        [_guarded(d, op) for d in kept(decompositions)],
-        kept(non_tensor_args),
-        kept(config_patches_list),
-    )
+    return kept(traced), kept(non_tensor_args), kept(config_patches_list)
+
+
+def _the_op_itself(op: Any, schema: set[str]) -> Callable[..., Any]:
+    """A stand-in implementation: the op's own call (never chosen; its name is no
+    implementation's)."""
+
+    def the_op_itself(*args: Any, **kwargs: Any) -> Any:
+        return op(*args, **{k: v for k, v in kwargs.items() if k in schema})
+
+    return the_op_itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +329,9 @@ def detect_collective(
     tuned the regular way loses the choices whose implementation raised while traced.
     """
     groups: list[Any] = []
-    collective = is_collective_op(op_overload)
+    # The op's name or arguments may tell what its choices' graphs do not (where only
+    # the winner of a decided key was traced, say).
+    collective = names_a_collective(op_overload)
     for choice in choices:
         gm = getattr(choice, "gm", None)
         if gm is None or _trace_failure(choice):
