@@ -262,10 +262,12 @@ def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
     picks = [short_name(r.winner) for r in records]
     pick = collections.Counter(picks).most_common(1)[0][0]
     timings = collections.defaultdict(list)
+    skews = collections.defaultdict(list)
     dropped = {}
     for r in records:
         for t in r.timings:
             timings[short_name(t.name)].append(t.max_us)
+            skews[short_name(t.name)].append(t.skew_us)
             if t.status != "ok":
                 dropped.setdefault(short_name(t.name), t.status)
     wall_ms = group_max([s * 1e3 for r in records for s in (r.tuning_s, r.waited_s, r.build_s)], setup.device)
@@ -279,8 +281,10 @@ def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
         "pick": pick,
         "picks": picks,
         "flips": sum(p != pick for p in picks),
+        # How far apart the ranks reached each choice's rendezvous (absorbed by it).
+        "skew_us": {k: statistics.median(v) for k, v in skews.items()},
         "autotune_ms": statistics.median(tuning_ms),
-        # Part of autotune_ms: waiting for the group to arrive (rank skew).
+        # Not part of autotune_ms: waiting for peers (to arrive, to vote).
         "waited_ms": statistics.median(waited_ms),
         # Not part of it: compiling the choices, which Inductor does for any tuned op.
         "build_ms": statistics.median(build_ms),

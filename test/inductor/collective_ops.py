@@ -7,7 +7,6 @@ CustomOpConfig parameter would also reach the default, which takes none).
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from typing import Callable
@@ -30,21 +29,12 @@ def _per_rank(spec: str) -> float:
     return values[min(dist.get_rank(), len(values) - 1)]
 
 
-@functools.lru_cache(None)
 def _gpu_cycles_per_ms() -> float:
-    """The GPU's clock, measured at its highest: an idle GPU starts at a low clock and
-    boosts later, and a rate measured before the boost makes every delay too short
-    (8 ms read as 4.6 ms under torchrun on 2 H200s). Over-estimating only lengthens
-    delays, which the tests bound from below."""
-    rates = []
-    for _ in range(4):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        rates.append(10_000_000 / start.elapsed_time(end))
-    return max(rates)
+    """The GPU's clock at its highest, as the benchmarker measures it for its sleeps
+    (over-estimating only lengthens delays, which the tests bound from below)."""
+    from torch._inductor.runtime.collective_benchmarking import _cycles_per_us
+
+    return 1000 * _cycles_per_us(torch.cuda.current_device())
 
 
 # -- ops ---------------------------------------------------------------------------

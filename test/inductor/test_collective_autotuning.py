@@ -546,3 +546,31 @@ def test_tables_and_logs_name_choices_readably():
     text, _ = assert_all_ok(run_ranks(2, labelled_body))
     assert "chunked(chunks=2)" in text and "chunked(chunks=4)" in text and "default" in text
     assert "_autotuned_" not in text and "group_name" not in text
+
+
+# -- the device of the op's tensors ----------------------------------------------------------
+
+
+def other_current_device_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    group = r.group.group_name
+    x = torch.randn(64, 32, device=r.device)  # on this rank's own GPU
+    # A program that places its tensors without making their device current.
+    torch.cuda.set_device((r.device.index + 1) % torch.cuda.device_count())
+    try:
+        return compile_and_check(lambda t: ops.all_reduce(t, group), x)
+    finally:
+        torch.cuda.set_device(r.device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_benchmarks_on_the_device_of_the_ops_tensors_not_the_current_one():
+    check_agreement(run_ranks(2, other_current_device_body, device="cuda"), 1, 2)
+
+
+def test_benchmark_device_is_the_ops_own():
+    from torch._inductor.runtime.collective_benchmarking import benchmark_device
+
+    # An explicit index is kept whatever device is current; CPU stays CPU.
+    assert benchmark_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert benchmark_device(torch.device("cpu")) == torch.device("cpu")

@@ -627,7 +627,7 @@ def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller])
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
     if _RANGE_NAME.search(record.op):
-        return _RangeWinner(choice, by_label[DEFAULT])  # type: ignore[return-value]
+        return _RangeWinner(choice, by_label[DEFAULT], _ops.get(record.op))  # type: ignore[return-value]
     return choice
 
 
@@ -643,11 +643,17 @@ class _RangeWinner:
 
     gm = None
 
-    def __init__(self, winner: ChoiceCaller, default: ChoiceCaller) -> None:
+    def __init__(self, winner: ChoiceCaller, default: ChoiceCaller, op: Any) -> None:
         self.name = winner.name
         self.decomposition = getattr(winner, "decomposition", None)
         self.decomposition_kwargs = getattr(winner, "decomposition_kwargs", {})
         self.config_patches = getattr(winner, "config_patches", {})
+        if self.decomposition is None:
+            # The op's own implementation: dispatched to as a call of the op. torch 2.11
+            # would trace the op's Python body instead, which a collective's c10d
+            # calls do not survive.
+            self.decomposition = _the_op_itself(op, _schema_arguments(op))
+            self.decomposition_kwargs = {}
         self._default = default
 
     def output_node(self) -> Any:
