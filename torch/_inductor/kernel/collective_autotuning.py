@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import math
-import re
 import time
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
 from torch._inductor.kernel import collective_dispatch, collective_graph
-from torch._inductor.kernel.collective_graph import GROUP_ARGUMENTS, SiteReport
+from torch._inductor.kernel.collective_graph import digest, GROUP_ARGUMENTS, op_name, SiteReport
 from torch._inductor.runtime.collective_benchmarking import (
     benchmark_device,
     BenchmarkSettings,
@@ -122,7 +120,7 @@ def note_registration(op: Any) -> None:
     if collective and functorch_config.bundled_autograd_cache:
         _warn_once(
             "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "
-            f"the FX-graph cache, so cached graphs that inline {_op_name(op)} are not "
+            f"the FX-graph cache, so cached graphs that inline {op_name(op)} are not "
             "checked against the group's decisions; turn it off under torchrun"
         )
 
@@ -161,6 +159,7 @@ def prepare_choices(
     """
     from torch._inductor.ir import TensorBox
 
+    _prepared.pop(name, None)  # an earlier compile's, whatever this one finds
     for inp in inputs:
         if isinstance(inp, TensorBox):
             inp.realize()
@@ -346,7 +345,7 @@ def detect_collective(
 
     if collective and not (dist.is_available() and dist.is_initialized()):
         _warn_once(
-            f"{_op_name(op_overload)} is a collective op but torch.distributed is not "
+            f"{op_name(op_overload)} is a collective op but torch.distributed is not "
             "initialised: it is autotuned like any other op, on this rank alone"
         )
         collective = False
@@ -364,7 +363,7 @@ def detect_collective(
         # Inductor's regular benchmarking would deadlock on gloo here (see
         # select_collective_choice); a session of one rank costs nothing.
         _warn_once(
-            f"{_op_name(op_overload)} runs on a process group of one rank: nothing to "
+            f"{op_name(op_overload)} runs on a process group of one rank: nothing to "
             "synchronise, it is timed without waiting for peers"
         )
     return True, group
@@ -439,12 +438,12 @@ def _resolve_group(group: Any, op: Any) -> ProcessGroup:
             return torch._C._distributed_c10d._resolve_process_group(group)
         except Exception as e:  # noqa: BLE001 - reworded below
             raise ValueError(
-                f"{_op_name(op)} names process group {group!r}, which this rank does "
+                f"{op_name(op)} names process group {group!r}, which this rank does "
                 "not know; pass the group name of a group created with "
                 "torch.distributed.new_group (ProcessGroup.group_name)"
             ) from e
     raise TypeError(
-        f"{_op_name(op)}: cannot tell a process group from {group!r} "
+        f"{op_name(op)}: cannot tell a process group from {group!r} "
         f"({type(group).__name__}); expected a ProcessGroup or a group name"
     )
 
@@ -519,18 +518,21 @@ def select_collective_choice(
     key = prepared.key if prepared else _site_key(name, input_nodes, labels, mode, min_speedup_threshold)
     session = collective_graph.session_for(process_group, settings.timeout)
     counters["inductor"]["collective_autotune_sites"] += 1
-    persisted = _persisted(key, process_group, device)
-    report = SiteReport(
-        key=key,
-        choices=labels,
-        decided=session.decisions.get(key) or "",
-        stored=persisted.digest() if persisted else "",
-        stored_winner=persisted.winner if persisted else "",
-        failed={
-            **{label: "not traced on this rank" for label in labels if label not in by_label},
-            **{label: _trace_failure(c) for label, c in by_label.items() if _trace_failure(c)},
-        },
-    )
+
+    def report() -> SiteReport:
+        persisted = _persisted(key, process_group, device)
+        return SiteReport(
+            key=key,
+            choices=labels,
+            decided=session.decisions.get(key) or "",
+            stored=persisted.digest() if persisted else "",
+            stored_winner=persisted.winner if persisted else "",
+            failed={
+                **{label: "not traced on this rank" for label in labels if label not in by_label},
+                **{label: _trace_failure(c) for label, c in by_label.items() if _trace_failure(c)},
+            },
+        )
+
     build_s = 0.0
 
     def build() -> dict[str, str]:
@@ -544,7 +546,7 @@ def select_collective_choice(
         return failures
 
     decision, voting = collective_graph.agree_key(
-        session, report, DEFAULT, build, timing_allowed=not config.deterministic
+        session, key, report, DEFAULT, build, timing_allowed=not config.deterministic
     )
     timings: tuple[ChoiceTiming, ...] = ()
     winner, reason = decision.choices[0], decision.reason
@@ -626,13 +628,9 @@ def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller])
             f"which this rank does not have; its choices: {list(by_label)}"
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
-    if _RANGE_NAME.search(record.op):
+    if collective_dispatch.is_range(record.op):
         return _RangeWinner(choice, by_label[DEFAULT], _ops.get(record.op))  # type: ignore[return-value]
     return choice
-
-
-# Inductor's name for one range of a range-based custom op: "<name>_range_<start>_<end>".
-_RANGE_NAME = re.compile(r"_range_\d+_(\d+|inf)$")
 
 
 class _RangeWinner:
@@ -873,7 +871,7 @@ def _site_key(
 ) -> str:
     """What a decision is for: the op (by its autotuning name), its inputs' sizes,
     strides and dtypes, its choices, how they are timed, and the threshold."""
-    return _digest(name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold)
+    return digest(name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold)
 
 
 def _node_meta(node: Any) -> str:
@@ -881,14 +879,6 @@ def _node_meta(node: Any) -> str:
     if hasattr(node, "get_size"):
         return f"{node.get_size()}/{node.get_stride()}/{node.get_dtype()}"
     return f"{node.size}/{node.stride}/{node.dtype}"
-
-
-def _digest(*parts: Any) -> str:
-    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
-
-
-def _op_name(op: Any) -> str:
-    return op.name() if hasattr(op, "name") and callable(op.name) else str(op)
 
 
 @functools.lru_cache(None)

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 from typing import Any, Callable, Optional, Sequence
 
 import sympy
@@ -96,6 +97,15 @@ def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional
 def range_name(name: str, start: int, end: float) -> str:
     """Inductor's name for one range of a range-based custom op."""
     return f"{name}_range_{int(start)}_{int(end) if end != math.inf else 'inf'}"
+
+
+_RANGE_NAME = re.compile(r"_range_\d+_(\d+|inf)$")
+
+
+def is_range(name: str) -> bool:
+    """Whether ``name`` is Inductor's name for one range of a range-based custom op
+    (ours or one with user-given split points)."""
+    return bool(_RANGE_NAME.search(name))
 
 
 def interpolated(name: str, decided: Callable[[str], Optional[str]]) -> Optional[tuple[str, str]]:

@@ -29,11 +29,10 @@ import hashlib
 import json
 import logging
 import weakref
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
 from torch._inductor.runtime.collective_protocol import (
-    CollectiveAutotuneError,
     CollectiveSession,
     Deadline,
     Decision,
@@ -59,7 +58,7 @@ _collective_ops: set[str] = set()
 def note_registration(op: Any, collective: bool) -> None:
     """Remember an op registered with register_custom_op_autotuning, if collective."""
     if collective:
-        _collective_ops.add(_op_name(op))
+        _collective_ops.add(op_name(op))
     install_cache_gate()
 
 
@@ -76,7 +75,7 @@ def _plan(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        if _op_name(node.target) not in _collective_ops:
+        if op_name(node.target) not in _collective_ops:
             continue
         group, descriptor = _site(node)
         sites.setdefault(group, []).append(descriptor)
@@ -88,7 +87,7 @@ def _site(node: torch.fx.Node) -> tuple[str, str]:
 
     schema = node.target._schema  # type: ignore[union-attr]
     group = ""
-    parts = [_op_name(node.target)]
+    parts = [op_name(node.target)]
     for i, argument in enumerate(schema.arguments):
         value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name, argument.default_value)
         if argument.name in GROUP_ARGUMENTS:
@@ -110,7 +109,8 @@ def _group_name(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _digest(*parts: Any) -> str:
+def digest(*parts: Any) -> str:
+    """A short name for ``parts``, the same on every rank."""
     return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
 
 
@@ -160,7 +160,7 @@ def session_for(group: ProcessGroup, timeout: float) -> GroupSession:
         for name in sorted(plan):
             member = _resolve(name)
             if member is not None:
-                sessions[name] = _join(member, _digest(plan[name], _timing_context()), timeout, loaded="")
+                sessions[name] = _join(member, digest(plan[name], _timing_context()), timeout, loaded="")
         _graph_sessions[graph] = sessions
     if group.group_name not in sessions:
         # A site that the plan could not see (its op hides that it communicates, or
@@ -168,7 +168,7 @@ def session_for(group: ProcessGroup, timeout: float) -> GroupSession:
         node = V.graph.current_node
         descriptor = _site(node)[1] if node is not None else ""
         sessions[group.group_name] = _join(
-            group, _digest([descriptor], _timing_context()), timeout, loaded=""
+            group, digest([descriptor], _timing_context()), timeout, loaded=""
         )
     return sessions[group.group_name]
 
@@ -254,45 +254,63 @@ class SiteDecision:
 
 def agree_key(
     session: GroupSession,
-    report: SiteReport,
+    key: str,
+    report: Callable[[], SiteReport],
     default: str,
     build: Callable[[], dict[str, str]],
     timing_allowed: bool,
 ) -> tuple[SiteDecision, GroupSession]:
-    """The group's decision for one key, identical on every rank; and the session
+    """The group's decision for ``key``, identical on every rank; and the session
     whose votes a benchmark of the key must use.
 
-    ``build`` compiles this rank's choices and returns why each one that did not
-    build failed; it runs only when nothing decided the key without timing it.
+    ``report`` gives what this rank knows of the key; it is asked for only where the
+    ranks vote. ``build`` compiles this rank's choices and returns why each one that
+    did not build failed; it runs only when nothing decided the key without timing it.
     """
-    settled = session.settled.get(report.key)
+    settled = session.settled.get(key)
     if settled is not None:
         return SiteDecision("use", (settled,), "decided at an earlier site of this graph", "job"), session
     if not session.votes:
-        stored = session.decisions.get(report.key)
-        if session.decision.kind == "fallback":
-            # The group did not assemble: the op's own implementation, unless the
-            # key was decided before.
-            return SiteDecision("use", (stored or default,), session.decision.reason, "agreement"), session
-        if stored is not None:
-            return SiteDecision("use", (stored,), "decided earlier in this job", "job"), session
-        if session.decision.kind == "load":
-            # The ranks that loaded the graph publish its decisions right away.
-            stored = session.decisions.wait(report.key, Deadline(session.session.timeout))
-            if stored is not None:
-                return SiteDecision("use", (stored,), "loaded by the group from its caches", "job"), session
-            return SiteDecision("use", (default,),
-                                "the group's cached graph did not decide it", "agreement"), session
+        followed = _follow(session, key, default)
+        if followed is not None:
+            return followed, session
         # This plan's session was held by an earlier compile, which did not meet this
         # key (another timing mode, say): the key gets a session of its own.
         session = dataclasses.replace(
             _join(session.group, session.plan, session.session.timeout, loaded="",
-                  name=_digest(report.key, "key")),
+                  name=digest(key, "key")),
             plan=session.plan,
         )
         if not session.votes:
-            return agree_key(session, report, default, build, timing_allowed)
-    return _vote_key(session, report, default, build, timing_allowed), session
+            # Its peers decided it in that session without this rank: they publish it.
+            followed = _follow(session, key, default) or _published(session, key, default)
+            return followed, session
+    return _vote_key(session, report(), default, build, timing_allowed), session
+
+
+def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecision]:
+    """The decision of a rank that does not vote in ``session``; None where the session
+    was held by an earlier compile of its plan, which did not decide ``key``."""
+    stored = session.decisions.get(key)
+    if session.decision.kind == "fallback":
+        # The group did not assemble: the op's own implementation, unless the key
+        # was decided before.
+        return SiteDecision("use", (stored or default,), session.decision.reason, "agreement")
+    if stored is not None:
+        return SiteDecision("use", (stored,), "decided earlier in this job", "job")
+    if session.decision.kind == "load":
+        # The ranks that loaded the graph publish its decisions right away.
+        return _published(session, key, default)
+    return None
+
+
+def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
+    """The decision its peers publish for ``key``, or, past the deadline, the op's own
+    implementation (proposed like any decision, so every rank ends with the same)."""
+    stored = session.decisions.wait(key, Deadline(session.session.timeout))
+    if stored is not None:
+        return SiteDecision("use", (stored,), "decided by the group", "job")
+    return SiteDecision("use", (default,), "the group did not publish a decision in time", "agreement")
 
 
 def _vote_key(
@@ -353,10 +371,12 @@ def settle_key(session: GroupSession, key: str, winner: str, op: str) -> str:
     (another session of the group decided the key first) takes the stored one, as
     every other rank does.
     """
-    stored = session.decisions.publish(key, winner)
-    if stored != winner:
-        log.info("key %s: the group had decided %s already; using it instead of %s", key, stored, winner)
-    session.settled[key] = stored
+    stored = session.settled.get(key)
+    if stored is None:
+        stored = session.decisions.publish(key, winner)
+        if stored != winner:
+            log.info("key %s: the group had decided %s already; using it instead of %s", key, stored, winner)
+        session.settled[key] = stored
     # Replayed from the cache entry on a hit: the cache gate reads it there.
     from torch._dynamo.utils import counters
 
@@ -409,7 +429,7 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
         pending = _pending.get((group_name, plan))
         if pending is not None:  # this hit's graph was already decided to be compiled
             return False
-        joined = _join(group, plan, timeout, loaded=_digest(sorted(embedded.items())))
+        joined = _join(group, plan, timeout, loaded=digest(sorted(embedded.items())))
         if joined.decision.kind != "load":
             log.info("cached graph not loaded: %s", joined.decision.reason)
             if joined.votes:
@@ -460,5 +480,6 @@ def install_cache_gate() -> None:
     FxGraphCache.cache_hit_post_compile = staticmethod(cache_hit_post_compile)  # type: ignore[method-assign]
 
 
-def _op_name(op: Any) -> str:
+def op_name(op: Any) -> str:
+    """An op's qualified name ("ns::name")."""
     return op.name() if hasattr(op, "name") and callable(op.name) else str(op)

@@ -505,7 +505,7 @@ class CollectiveBenchmarker:
     ) -> tuple[dict[int, float], dict[int, float]]:
         """One sample of every live choice: per-call us and rendezvous spread."""
         graphs = {i: b for i in live if (b := batches[i]) is not None and b.graph}
-        times, skews = self._graph_round(graphs, list(graphs))
+        times, skews = self._graph_round(graphs)
         for i in live:
             if i not in graphs:
                 b = batches[i]
@@ -514,31 +514,28 @@ class CollectiveBenchmarker:
         return times, skews
 
     def _graph_round(
-        self, graphs: dict[int, Optional[_Batch]], live: list[int]
+        self, graphs: dict[int, _Batch]
     ) -> tuple[dict[int, float], dict[int, float]]:
-        """Replay every live choice's batch once, back to back on the GPU.
+        """Replay every choice's batch in ``graphs`` once, back to back on the GPU.
 
         The host enqueues the whole round behind a GPU sleep, so no launch gap of its
         own enters a timed replay; each timed replay follows an untimed one of the same
         graph, which absorbs how far apart the ranks reached it.
         """
-        live = [i for i in live if graphs.get(i) is not None]
-        if not live:
+        if not graphs:
             return {}, {}
-        events = {i: [torch.cuda.Event(enable_timing=True) for _ in range(3)] for i in live}
+        events = {i: [torch.cuda.Event(enable_timing=True) for _ in range(3)] for i in graphs}
         torch.cuda._sleep(_sleep_cycles(_HOST_LEAD_US))
-        for i in live:
-            batch = graphs[i]
-            assert batch is not None
+        for i, batch in graphs.items():
             before, start, end = events[i]
             before.record()
             batch.rendezvous()
             start.record()
             batch.timed()
             end.record()
-        self._device_sync("timing", events[live[-1]][2])
+        self._device_sync("timing", events[next(reversed(events))][2])
         return (
-            {i: e[1].elapsed_time(e[2]) * 1e3 / graphs[i].calls for i, e in events.items()},  # type: ignore[union-attr]
+            {i: e[1].elapsed_time(e[2]) * 1e3 / graphs[i].calls for i, e in events.items()},
             {i: e[0].elapsed_time(e[1]) * 1e3 for i, e in events.items()},
         )
 

@@ -60,11 +60,13 @@ class StoredDecision:
 
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
     """What a measurement depends on beyond the op and its shapes."""
+    import torch.distributed as dist
+
     env: dict[str, Any] = {
         "group_size": group.size(),
         "torch": torch.__version__,
         "device": device.type,
-        "backend": str(group._get_backend_name()) if hasattr(group, "_get_backend_name") else "",
+        "backend": str(dist.get_backend(group)),
     }
     if device.type == "cuda":
         env.update(_cuda_environment(device.index or 0))
