@@ -341,7 +341,9 @@ class CollectiveBenchmarker:
                 try:
                     self._barrier(topic)
                     reset_inputs()
-                    out, first_call_us[i] = self._time_once(candidate.run)
+                    out, first_call_us[i] = self._time_once(
+                        candidate.run, topic, f"screening choice {candidate.name}"
+                    )
                     outcome = "ok" if reference is None else _screen(out, reference)
                     if reference is None:
                         reference = out
@@ -539,9 +541,10 @@ class CollectiveBenchmarker:
             {i: e[0].elapsed_time(e[1]) * 1e3 for i, e in events.items()},
         )
 
-    def _time_once(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def _time_once(self, fn: Callable[[], Any], topic: str, doing: str) -> tuple[Any, float]:
         """One call's output (a copy: later calls may write the same buffer) and its
-        time in microseconds: GPU time on GPUs, wall time on the CPU."""
+        time in microseconds: GPU time on GPUs, wall time on the CPU. ``topic`` is the
+        vote that follows, whose reports a stuck device names."""
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -552,7 +555,7 @@ class CollectiveBenchmarker:
             out = fn()
         out = out.detach().clone() if isinstance(out, torch.Tensor) else out
         if self.device.type == "cuda":
-            self._device_sync("screen", end)
+            self._device_sync(topic, end, doing)
             return out, start.elapsed_time(end) * 1e3
         return out, (time.perf_counter() - begin) * 1e6
 
@@ -627,10 +630,14 @@ class CollectiveBenchmarker:
         dist.all_reduce(self._flag, group=self.process_group)
         self._device_sync(topic)
 
-    def _device_sync(self, topic: str, event: Optional[torch.cuda.Event] = None) -> None:
+    def _device_sync(
+        self, topic: str, event: Optional[torch.cuda.Event] = None, doing: Optional[str] = None
+    ) -> None:
         """Wait for the device, at most ``timeout``, and stop if some rank aborted.
 
-        On the CPU the collectives themselves block, bounded by the group timeout.
+        A timeout names ``doing`` (what the device was running) and what the group
+        reported on ``topic``, the vote that follows. On the CPU the collectives
+        themselves block, bounded by the group timeout.
         """
         if self.device.type != "cuda":
             return
@@ -643,9 +650,9 @@ class CollectiveBenchmarker:
             now = time.monotonic()
             if deadline.expired():
                 raise CollectiveAutotuneError(
-                    f"{topic}: device work did not finish within "
+                    f"{doing or topic}: device work did not finish within "
                     f"{self.settings.timeout:g} s (collective_benchmark_timeout); "
-                    f"reports from the group: {self.session.peer_reports(topic)}"
+                    f"reports from the group on {topic}: {self.session.peer_reports(topic)}"
                 )
             if now >= next_store_check:
                 self.session.check_abort()
