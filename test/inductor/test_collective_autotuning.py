@@ -564,7 +564,7 @@ def other_current_device_body(r: Rank) -> list:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_benchmarks_on_the_device_of_the_ops_tensors_not_the_current_one():
+def test_benchmarks_on_the_cuda_device_of_the_ops_tensors_not_the_current_one():
     check_agreement(run_ranks(2, other_current_device_body, device="cuda"), 1, 2)
 
 
