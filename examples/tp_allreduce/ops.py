@@ -47,20 +47,25 @@ def chunked_all_reduce(x: torch.Tensor, group_name: str, chunks: int = 4) -> tor
 
 # The symmetric-memory kernels need their input in symmetric memory of the group.
 # Like production custom all-reduces (vLLM, TensorRT-LLM), these opaque ops own such
-# buffers and copy the input in; Inductor recognises them as collectives by name.
-_symm_buffers: dict[tuple, torch.Tensor] = {}
+# a buffer and copy the input in; Inductor recognises them as collectives by name.
+# One buffer per dtype, device and group, grown (doubling) when a larger message
+# comes: a rendezvous is collective and costs ~50 ms, too much to pay per message
+# size. Every rank sees the same sizes in the same order, so all grow together.
+# Outgrown buffers stay alive: CUDA graphs captured before still point into them.
+_symm_buffers: dict[tuple, list[torch.Tensor]] = {}
 
 
 def _symm_buffer(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    """A symmetric buffer like ``x``, made (collectively, on first use) per shape."""
+    """A view like ``x`` of the group's symmetric buffer for ``x``'s dtype and device."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    key = (x.numel(), x.dtype, x.device, group_name)
-    if key not in _symm_buffers:
-        buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    buffers = _symm_buffers.setdefault((x.dtype, x.device, group_name), [])
+    if not buffers or buffers[-1].numel() < x.numel():
+        capacity = max(x.numel(), 2 * buffers[-1].numel() if buffers else 0)
+        buf = symm_mem.empty(capacity, dtype=x.dtype, device=x.device)
         symm_mem.rendezvous(buf, group_name)
-        _symm_buffers[key] = buf
-    return _symm_buffers[key].view_as(x)
+        buffers.append(buf)
+    return buffers[-1][: x.numel()].view_as(x)
 
 
 @torch.library.custom_op("tp_demo::symm_mem_one_shot_all_reduce", mutates_args=())
