@@ -616,8 +616,10 @@ def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller])
 
     _records.append(record)
     log.info(
-        "collective autotuning %s on group %s: %s (%s; %s; waited %.2f s for the group)",
-        record.op, record.group_name, record.winner, record.source, record.reason, record.waited_s,
+        "collective autotuning %s on group %s: %s (%s; %s; compiling the choices %.2f s, "
+        "timing %.2f s, waiting for the group %.2f s)",
+        record.op, record.group_name, record.winner, record.source, record.reason,
+        record.build_s, record.tuning_s, record.waited_s,
     )
     if dist.get_rank() == record.group_ranks[0]:
         table_log.info("%s", format_record(record))
