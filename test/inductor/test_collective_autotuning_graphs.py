@@ -208,3 +208,44 @@ def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
     # Each size runs its range's winner, and only it (the op's own marks nothing).
     assert a["ran"] == b["ran"] == {8: [], 2: ["per_row_cost"], 100: []}
     assert a["frames"] == 1  # no recompile
+
+
+def split_points_body(r: Rank) -> dict:
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+
+    # The user's own ranges: [1, 4], [5, 32], [33, inf) timed at 64 rows.
+    register_custom_op_autotuning(
+        ops.all_reduce,
+        configs=[CustomOpConfig(ops.flat_cost), CustomOpConfig(ops.per_row_cost)],
+        # (upstream's docstring calls it unbounded_size; the code reads range_upper_bound)
+        dispatch_on={"tensor_name": "x", "dim": 0, "range_upper_bound": 64},
+        split_points=[4, 32],
+    )
+    group = r.group.group_name
+    start = len(collective_autotune_records())
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(lambda x: ops.all_reduce(x, group, "12"), backend=counter, dynamic=True, fullgraph=True)
+    compiled(torch.randn(8, 4, device=r.device))
+    ran = {}
+    for rows in (3, 8, 50):
+        x = torch.randn(rows, 4, device=r.device)
+        ops.ran.clear()
+        torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
+        ran[rows] = [t for t in ops.ran if t != "default"]
+    return {"ran": ran, "frames": counter.frame_count, "records": collective_autotune_records()[start:]}
+
+
+def test_user_split_points_are_tuned_by_the_group_per_range():
+    a, b = assert_all_ok(run_ranks(2, split_points_body, timeout_s=150))
+    assert a["records"] == b["records"]
+    by_range = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
+    # The user's ranges, no ladder of ours; each timed by the group.
+    assert sorted(by_range) == ["1_4", "33_inf", "5_32"]
+    assert {r.source for r in by_range.values()} == {"benchmark"}
+    # 1 ms a row wins at 4 rows; the op's own 12 ms wins at 32 and 64.
+    assert by_range["1_4"].winner == "per_row_cost"
+    assert by_range["5_32"].winner == by_range["33_inf"].winner == "default"
+    assert a["ran"] == b["ran"] == {3: ["per_row_cost"], 8: [], 50: []}
+    assert a["frames"] == 1
