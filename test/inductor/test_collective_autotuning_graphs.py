@@ -173,27 +173,33 @@ def test_one_rank_warm_one_cold_both_compile_and_agree(device, tmp_path):
 # -- dynamic sizes: one compile, the right implementation at every size ---------------------------
 
 
-def dynamic_body(r: Rank) -> dict:
+def sized_calls_body(r: Rank, rows: tuple[int, ...]) -> dict:
+    """One dynamic compile of the all-reduce (its own implementation waits 12 ms), then a
+    call at each of ``rows``: which registered choices ran, compiles, the records."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
-    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost)
     group = r.group.group_name
     start = len(collective_autotune_records())
     counter = CompileCounterWithBackend("inductor")
-    # The op's own implementation waits 12 ms: it wins from 13 rows on, where
-    # per_row_cost (1 ms a row) gets slower; flat_cost (20 ms) never wins.
     compiled = torch.compile(lambda x: ops.all_reduce(x, group, "12"), backend=counter, dynamic=True, fullgraph=True)
+    compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
     ran = {}
-    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
-        compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
-        for rows in (8, 2, 100):
-            x = torch.randn(rows, 4, device=r.device)
-            ops.ran.clear()
-            torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
-            ran[rows] = [t for t in ops.ran if t != "default"]
+    for n in rows:
+        x = torch.randn(n, 4, device=r.device)
+        ops.ran.clear()
+        torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
+        ran[n] = [t for t in ops.ran if t != "default"]
     return {"ran": ran, "frames": counter.frame_count, "records": collective_autotune_records()[start:]}
+
+
+def dynamic_body(r: Rank) -> dict:
+    # The op's own 12 ms wins from 13 rows on, where per_row_cost (1 ms a row) gets
+    # slower; flat_cost (20 ms) never wins.
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost)
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+        return sized_calls_body(r, (8, 2, 100))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -211,8 +217,6 @@ def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
 
 
 def split_points_body(r: Rank) -> dict:
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
     from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
 
     # The user's own ranges: [1, 4], [5, 32], [33, inf) timed at 64 rows.
@@ -223,18 +227,7 @@ def split_points_body(r: Rank) -> dict:
         dispatch_on={"tensor_name": "x", "dim": 0, "range_upper_bound": 64},
         split_points=[4, 32],
     )
-    group = r.group.group_name
-    start = len(collective_autotune_records())
-    counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(lambda x: ops.all_reduce(x, group, "12"), backend=counter, dynamic=True, fullgraph=True)
-    compiled(torch.randn(8, 4, device=r.device))
-    ran = {}
-    for rows in (3, 8, 50):
-        x = torch.randn(rows, 4, device=r.device)
-        ops.ran.clear()
-        torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
-        ran[rows] = [t for t in ops.ran if t != "default"]
-    return {"ran": ran, "frames": counter.frame_count, "records": collective_autotune_records()[start:]}
+    return sized_calls_body(r, (3, 8, 50))
 
 
 def test_user_split_points_are_tuned_by_the_group_per_range():
