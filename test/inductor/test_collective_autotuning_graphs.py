@@ -175,13 +175,15 @@ def test_one_rank_warm_one_cold_both_compile_and_agree(device, tmp_path):
 
 def sized_calls_body(r: Rank, rows: tuple[int, ...]) -> dict:
     """One dynamic compile of the all-reduce (its own implementation waits 12 ms), then a
-    call at each of ``rows``: which registered choices ran, compiles, the records."""
+    call at each of ``rows``: which registered choices ran, compiles, the records, and
+    how many benchmark modules the ranges compiled."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
     group = r.group.group_name
     start = len(collective_autotune_records())
+    builds = counters["inductor"]["collective_autotune_range_builds"]
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(lambda x: ops.all_reduce(x, group, "12"), backend=counter, dynamic=True, fullgraph=True)
     compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
@@ -191,7 +193,12 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...]) -> dict:
         ops.ran.clear()
         torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
         ran[n] = [t for t in ops.ran if t != "default"]
-    return {"ran": ran, "frames": counter.frame_count, "records": collective_autotune_records()[start:]}
+    return {
+        "ran": ran,
+        "frames": counter.frame_count,
+        "records": collective_autotune_records()[start:],
+        "builds": counters["inductor"]["collective_autotune_range_builds"] - builds,
+    }
 
 
 def dynamic_body(r: Rank) -> dict:
@@ -205,15 +212,39 @@ def dynamic_body(r: Rank) -> dict:
 @pytest.mark.parametrize("device", DEVICES)
 def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
     a, b = assert_all_ok(run_ranks(2, dynamic_body, device=device, timeout_s=150))
+    assert_each_size_ran_its_winner(a, b)
+    # The range between two ranges that agree was not timed.
+    by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
+    assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
+
+
+def retraced_dynamic_body(r: Rank) -> dict:
+    from torch._inductor.kernel import collective_dispatch
+
+    # As torch 2.11 traces a range's choices: at the range's size. The benchmark
+    # compiles each traced again on the symbolic size, once.
+    traced_size_generic = collective_dispatch._traced_size_generic
+    collective_dispatch._traced_size_generic = lambda choice: False
+    try:
+        return dynamic_body(r)
+    finally:
+        collective_dispatch._traced_size_generic = traced_size_generic
+
+
+def test_choices_traced_at_each_range_size_are_compiled_once_for_every_size():
+    assert_each_size_ran_its_winner(*assert_all_ok(run_ranks(2, retraced_dynamic_body, timeout_s=150)))
+
+
+def assert_each_size_ran_its_winner(a: dict, b: dict) -> None:
     assert a["records"] == b["records"]
     by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
     assert by_size["1_1"].winner == "per_row_cost"
     assert by_size["5_16"].winner == by_size["65_inf"].winner == "default"
-    # The range between two ranges that agree was not timed.
-    assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
     # Each size runs its range's winner, and only it (the op's own marks nothing).
     assert a["ran"] == b["ran"] == {8: [], 2: ["per_row_cost"], 100: []}
     assert a["frames"] == 1  # no recompile
+    # Each implementation compiled once for the benchmark, for every range's size.
+    assert a["builds"] == b["builds"] == 2
 
 
 def split_points_body(r: Rank) -> dict:
@@ -242,3 +273,4 @@ def test_user_split_points_are_tuned_by_the_group_per_range():
     assert by_range["5_32"].winner == by_range["33_inf"].winner == "default"
     assert a["ran"] == b["ran"] == {3: ["per_row_cost"], 8: [], 50: []}
     assert a["frames"] == 1
+    assert a["builds"] == b["builds"] == 2  # once each, for the three ranges

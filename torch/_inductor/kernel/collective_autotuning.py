@@ -540,7 +540,7 @@ def select_collective_choice(
         begin = time.monotonic()
         failures = {
             label: why for label, c in by_label.items()
-            if not _trace_failure(c) and (why := _build(c, device))
+            if not _trace_failure(c) and (why := _build(name, c, device))
         }
         build_s = time.monotonic() - begin
         return failures
@@ -770,14 +770,19 @@ def _runner(choice: ChoiceCaller, inputs: list[torch.Tensor]) -> Callable[[], to
     return lambda: kernel(*inputs)
 
 
-def _build(choice: ChoiceCaller, device: torch.device) -> str:
-    """Compile ``choice`` for benchmarking; why it cannot run here, or "" if it can."""
+def _build(name: str, choice: ChoiceCaller, device: torch.device) -> str:
+    """Compile ``choice`` of op ``name`` for benchmarking; why it cannot run here, or ""
+    if it can."""
     if _uses_symmetric_memory(choice) and device.type != "cuda":
         return "uses symmetric memory, which needs CUDA"
     try:
         if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
             if choice._compiled_module is None:  # type: ignore[attr-defined]
-                choice._compiled_module = choice._compile_for_benchmarking()  # type: ignore[attr-defined]
+                choice._compiled_module = (  # type: ignore[attr-defined]
+                    collective_dispatch.benchmark_module(choice)
+                    if collective_dispatch.is_range(name)
+                    else choice._compile_for_benchmarking()  # type: ignore[attr-defined]
+                )
         else:
             choice.to_callable()
     except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there

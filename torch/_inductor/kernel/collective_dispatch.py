@@ -15,17 +15,21 @@ time (nested ``torch.cond`` on the dimension, inlined into the graph).
 Ranges are tuned coarse to fine: the smallest and largest first, then the middle of
 every gap. A range whose nearest decided neighbours below and above chose the same
 implementation takes it without being timed (:func:`interpolated`); only the gaps
-where the winner changes are timed at every point.
+where the winner changes are timed at every point. Each implementation is compiled
+for the benchmark once, for any size (:func:`benchmark_module`), and timed at every
+range's size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import re
-from typing import Any, Callable, Optional, Sequence
+import weakref
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import sympy
 import torch
@@ -121,6 +125,122 @@ def interpolated(name: str, decided: Callable[[str], Optional[str]]) -> Optional
     if below is None or above is None or below[1] != above[1]:
         return None
     return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
+
+
+# Benchmark modules of the implementations of range-based ops, per graph being
+# lowered: see benchmark_module. None where an implementation has no size-generic module.
+_benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
+
+
+def benchmark_module(choice: Any) -> Any:
+    """``choice``, an implementation of one range of a range-based op (a
+    SubgraphChoiceCaller; the ladder's ranges or the user's split points), compiled for
+    the benchmark: one module per implementation and graph, for any size of the
+    dynamic dimension, called with each range's own sizes (``choice.sym_input_values``).
+    Counted in ``counters["inductor"]["collective_autotune_range_builds"]``.
+
+    Upstream traces the choices afresh at every range; compiling each of them again
+    cost 0.25-0.4 s per range of four choices on GPUs (every kernel of a choice is
+    compiled anew at each static size), most of the ladder's cost.
+    """
+    from torch._dynamo.utils import counters
+    from torch._inductor.virtualized import V
+
+    implementation = choice.decomposition
+    key = (
+        getattr(implementation, "__wrapped__", implementation),
+        repr(sorted(choice.decomposition_kwargs.items())),
+        *((str(n.get_size()), str(n.get_stride()), n.get_dtype(), n.get_device()) for n in choice.input_nodes),
+    )
+    modules = _benchmark_modules.setdefault(V.graph, {})
+    if key not in modules:
+        modules[key] = _size_generic_module(choice)
+        counters["inductor"]["collective_autotune_range_builds"] += modules[key] is not None
+    if modules[key] is not None:
+        return modules[key]
+    counters["inductor"]["collective_autotune_range_builds"] += 1
+    return choice._compile_for_benchmarking()
+
+
+def _size_generic_module(choice: Any) -> Any:
+    """``choice`` compiled for any size of its inputs' dynamic dimensions; None where
+    its trace on the symbolic sizes would add guards on them (they would become the
+    model's guards, and the module would be right only at some sizes) or fails."""
+    from torch._inductor.virtualized import V
+
+    if _traced_size_generic(choice):
+        return choice._compile_for_benchmarking()
+    try:
+        # Compiled as torch 2.13 compiles its choices: the lowering's guards on the
+        # sizes' range (32-bit indexing, say) are the model's too.
+        return _retraced(choice)._compile_for_benchmarking()
+    except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
+        log.info(
+            "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",
+            choice.decomposition.__name__, type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+        )
+        log.debug("no size-generic module of %s", choice.name, exc_info=True)
+        return None
+
+
+def _retraced(choice: Any) -> Any:
+    """A copy of ``choice`` whose graph is traced again on its inputs' symbolic sizes,
+    as torch 2.13 traces every choice (torch 2.11 traces a range's choices at the
+    range's size)."""
+    import copy
+
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    implementation = choice.decomposition
+    with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
+        inputs = [ir_node_to_tensor(n) for n in choice.input_nodes]
+        gm = make_fx(
+            functools.partial(getattr(implementation, "__wrapped__", implementation), **choice.decomposition_kwargs),
+            decomposition_table=select_decomp_table(),
+            tracing_mode="symbolic",
+        )(*inputs)
+    gm_original_output_strides(gm)
+    twin = copy.copy(choice)
+    twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
+    return twin
+
+
+def _traced_size_generic(choice: Any) -> bool:
+    """Whether ``choice`` was traced with the symbolic sizes of its inputs (torch 2.13
+    does; torch 2.11 traces a range's choices at the range's size)."""
+    return all(
+        [isinstance(s, torch.SymInt) for s in t.shape] == [_is_symbolic(s) for s in n.get_size()]
+        for t, n in zip(choice.example_inputs, choice.input_nodes)
+    )
+
+
+class _GuardAttempted(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _guards_refused(shape_env: Any) -> Iterator[None]:
+    """Raise where the code inside would add a guard to ``shape_env`` (the exception
+    leaves nothing behind: no guard, no cached evaluation)."""
+    refuse = getattr(shape_env, "error_on_new_guards", None)
+    if refuse is not None:  # torch >= 2.13
+        with refuse():
+            yield
+        return
+
+    # torch 2.11 has no error_on_new_guards; every new guard passes its _check_frozen,
+    # which the later version makes raise in the same way.
+    def refused(expr: Any, concrete_val: Any = None) -> None:
+        raise _GuardAttempted(f"tracing would add the guard {expr} == {concrete_val}")
+
+    shape_env._check_frozen = refused
+    try:
+        yield
+    finally:
+        del shape_env._check_frozen
 
 
 def _validate(ratio: Any, largest: Any) -> None:
