@@ -35,6 +35,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
     ChoiceTiming,
     CollectiveBenchmarker,
+    TIE_FRACTION,
     is_collective_op,
     uses_symmetric_memory,
 )
@@ -203,6 +204,8 @@ class _Prepared:
     labels: tuple[str, ...]
     source: str = ""
     reason: str = ""
+    # A ladder range's: the winner of the nearest decided range below, and its top size.
+    below: Optional[tuple[str, str]] = None
 
 
 _prepared: dict[str, _Prepared] = {}
@@ -246,12 +249,16 @@ def _decided_before_tracing(
     store = dist.distributed_c10d._get_default_store()
     decisions = collective_graph.GroupDecisions(store, group.group_name)
     key = key_of(name)
+
+    def decided(site: str) -> Optional[str]:
+        return decisions.get(key_of(site))
+
     # Every rank interpolates alike, whoever published first.
-    between = collective_dispatch.interpolated(name, lambda site: decisions.get(key_of(site)))
+    between = collective_dispatch.interpolated(name, decided)
     if between is not None:
         _prepared[name] = _Prepared(key, labels, "ladder", between[1])
         return decisions.publish(key, between[0])
-    _prepared[name] = _Prepared(key, labels)
+    _prepared[name] = _Prepared(key, labels, below=collective_dispatch.decided_below(name, decided))
     return decisions.get(key)
 
 
@@ -561,7 +568,9 @@ def select_collective_choice(
                            process_group, settings, mode, voting.session.scoped(key),
                            keep_default=min_speedup_threshold > 1.0)
             )
-        winner, picked_because = _pick(picked, timings, min_speedup_threshold)
+        winner, picked_because = _pick(
+            picked, timings, min_speedup_threshold, prepared.below if prepared else None
+        )
         reason = f"{reason}; {picked_because}"
     stored = collective_graph.settle_key(voting, key, winner, name)
     source = decision.source
@@ -687,15 +696,31 @@ def _persisted(key: str, group: ProcessGroup, device: torch.device) -> Optional[
 
 
 def _pick(
-    names: list[str], timings: Sequence[ChoiceTiming], min_speedup_threshold: float
+    names: list[str],
+    timings: Sequence[ChoiceTiming],
+    min_speedup_threshold: float,
+    below: Optional[tuple[str, str]] = None,
 ) -> tuple[str, str]:
+    """The winner and why. ``below``: for a ladder range, the winner of the nearest
+    decided range below and its top size, which a tie at this range's top goes to."""
     # The vector is identical on every rank; min() keeps the first of equal times.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
         return DEFAULT, "every choice failed on some rank; using the op's own implementation"
+    because = "fastest on its slowest rank"
+    if below is not None and below[0] != names[best] and below[0] in names:
+        tied = names.index(below[0])
+        if timings[tied].max_us <= timings[best].max_us * (1 + TIE_FRACTION):
+            because = (
+                f"within {TIE_FRACTION:.0%} of {names[best]} at this range's top size on their "
+                f"slowest ranks, and the winner at {below[1]} below"
+            )
+            best = tied
     own = next((t for t in timings if t.name == DEFAULT), None)
+    # A threshold of 1 asks for the fastest, a tie above included.
     if (
-        names[best] != DEFAULT
+        min_speedup_threshold > 1.0
+        and names[best] != DEFAULT
         and own is not None
         and math.isfinite(own.max_us)
         and timings[best].max_us * min_speedup_threshold > own.max_us
@@ -705,7 +730,7 @@ def _pick(
             f"the op's own implementation on its slowest rank, below "
             f"min_speedup_threshold={min_speedup_threshold:g}"
         )
-    return names[best], "fastest on its slowest rank"
+    return names[best], because
 
 
 def _benchmark(

@@ -15,7 +15,8 @@ time (nested ``torch.cond`` on the dimension, inlined into the graph).
 Ranges are tuned coarse to fine: the smallest and largest first, then the middle of
 every gap. A range whose nearest decided neighbours below and above chose the same
 implementation takes it without being timed (:func:`interpolated`); only the gaps
-where the winner changes are timed at every point. Each implementation is compiled
+where the winner changes are timed at every point. A tie at a range's top size goes to
+the winner of the sizes below (:func:`decided_below`). Each implementation is compiled
 for the benchmark once, for any size (:func:`benchmark_module`), and timed at every
 range's size.
 """
@@ -116,15 +117,31 @@ def interpolated(name: str, decided: Callable[[str], Optional[str]]) -> Optional
     """The winner of the ladder range ``name`` without timing it, and why: the common
     winner of its nearest decided neighbours below and above, when they agree.
     ``decided`` gives a range's decision by its name (None while undecided)."""
+    below, above = _nearest_decided(name, decided, -1), _nearest_decided(name, decided, 1)
+    if below is None or above is None or below[1] != above[1]:
+        return None
+    return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
+
+
+def decided_below(name: str, decided: Callable[[str], Optional[str]]) -> Optional[tuple[str, str]]:
+    """The winner of the nearest decided range below the ladder range ``name``, and that
+    range's top size. A range is timed at its top; where two choices tie there, the one
+    that won below is the faster over the rest of the range, which lies toward it."""
+    below = _nearest_decided(name, decided, -1)
+    return None if below is None else (below[1], _top(below[0]))
+
+
+def _nearest_decided(
+    name: str, decided: Callable[[str], Optional[str]], step: int
+) -> Optional[tuple[str, str]]:
+    """(range name, winner) of the nearest decided range of ``name``'s ladder below
+    (step -1) or above (step 1) it; None where there is none."""
     names = _ladders.get(name)
     if names is None:
         return None
     i = names.index(name)
-    below = next(((n, w) for n in reversed(names[:i]) if (w := decided(n)) is not None), None)
-    above = next(((n, w) for n in names[i + 1:] if (w := decided(n)) is not None), None)
-    if below is None or above is None or below[1] != above[1]:
-        return None
-    return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
+    side = reversed(names[:i]) if step < 0 else names[i + 1:]
+    return next(((n, w) for n in side if (w := decided(n)) is not None), None)
 
 
 # Benchmark modules of the implementations of range-based ops, per graph being

@@ -87,7 +87,7 @@ _MIN_ROUNDS = 3
 _MIN_EAGER_GPU_ROUNDS = 5
 # Choices within this fraction of the leader's median are a tie: more samples would
 # not change which is faster by a margin that matters.
-_TIE_FRACTION = 0.02
+TIE_FRACTION = 0.02
 # A choice is clearly slower when its lower quartile is above the leader's upper
 # quartile by at least this fraction: quartiles of a few samples still move.
 _DROP_MARGIN = 0.02
@@ -469,7 +469,7 @@ class CollectiveBenchmarker:
         rest = [i for i in live if i != leader and i not in keep]
         # A tie needs more samples than a clear gap: medians of three move by more.
         tied = len(samples[leader]) >= 2 * self._min_rounds and all(
-            mid[i] <= mid[leader] * (1 + _TIE_FRACTION) for i in rest
+            mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
         )
         return live, not rest or tied
 
