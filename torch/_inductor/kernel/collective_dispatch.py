@@ -124,11 +124,14 @@ def interpolated(name: str, decided: Callable[[str], Optional[str]]) -> Optional
 
 
 def decided_below(name: str, decided: Callable[[str], Optional[str]]) -> Optional[tuple[str, str]]:
-    """The winner of the nearest decided range below the ladder range ``name``, and that
-    range's top size. A range is timed at its top; where two choices tie there, the one
-    that won below is the faster over the rest of the range, which lies toward it."""
-    below = _nearest_decided(name, decided, -1)
-    return None if below is None else (below[1], _top(below[0]))
+    """The winner of the range just below the ladder range ``name``, and its top size,
+    once decided. A range is timed at its top; where two choices tie there, the one
+    that won just below is the faster over the rest of the range, which lies toward it.
+    (A range decided further below says nothing of this one's lower sizes.)"""
+    names = _ladders.get(name)
+    i = names.index(name) if names is not None else 0
+    winner = decided(names[i - 1]) if names is not None and i > 0 else None
+    return None if winner is None else (winner, _top(names[i - 1]))
 
 
 def _nearest_decided(
