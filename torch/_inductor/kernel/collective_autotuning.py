@@ -204,7 +204,7 @@ class _Prepared:
     labels: tuple[str, ...]
     source: str = ""
     reason: str = ""
-    # A ladder range's: the winner of the nearest decided range below, and its top size.
+    # A ladder range's: the winner of the range just below (once decided), and its top size.
     below: Optional[tuple[str, str]] = None
 
 
@@ -701,8 +701,8 @@ def _pick(
     min_speedup_threshold: float,
     below: Optional[tuple[str, str]] = None,
 ) -> tuple[str, str]:
-    """The winner and why. ``below``: for a ladder range, the winner of the nearest
-    decided range below and its top size, which a tie at this range's top goes to."""
+    """The winner and why. ``below``: for a ladder range, the winner of the range just
+    below and its top size, which a tie at this range's top goes to."""
     # The vector is identical on every rank; min() keeps the first of equal times.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
