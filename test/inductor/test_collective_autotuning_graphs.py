@@ -218,23 +218,6 @@ def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
     assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
 
 
-def retraced_dynamic_body(r: Rank) -> dict:
-    from torch._inductor.kernel import collective_dispatch
-
-    # As torch 2.11 traces a range's choices: at the range's size. The benchmark
-    # compiles each traced again on the symbolic size, once.
-    traced_size_generic = collective_dispatch._traced_size_generic
-    collective_dispatch._traced_size_generic = lambda choice: False
-    try:
-        return dynamic_body(r)
-    finally:
-        collective_dispatch._traced_size_generic = traced_size_generic
-
-
-def test_choices_traced_at_each_range_size_are_compiled_once_for_every_size():
-    assert_each_size_ran_its_winner(*assert_all_ok(run_ranks(2, retraced_dynamic_body, timeout_s=150)))
-
-
 def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
     # The pick itself: a pure function of the group's timings (identical on every rank).
     from torch._inductor.kernel.collective_autotuning import _pick

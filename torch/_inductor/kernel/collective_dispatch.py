@@ -129,9 +129,11 @@ def decided_below(name: str, decided: Callable[[str], Optional[str]]) -> Optiona
     that won just below is the faster over the rest of the range, which lies toward it.
     (A range decided further below says nothing of this one's lower sizes.)"""
     names = _ladders.get(name)
-    i = names.index(name) if names is not None else 0
-    winner = decided(names[i - 1]) if names is not None and i > 0 else None
-    return None if winner is None else (winner, _top(names[i - 1]))
+    if names is None or names.index(name) == 0:
+        return None
+    below = names[names.index(name) - 1]
+    winner = decided(below)
+    return None if winner is None else (winner, _top(below))
 
 
 def _nearest_decided(
@@ -166,34 +168,50 @@ def benchmark_module(choice: Any) -> Any:
     from torch._dynamo.utils import counters
     from torch._inductor.virtualized import V
 
-    implementation = choice.decomposition
     key = (
-        getattr(implementation, "__wrapped__", implementation),
+        _implementation(choice),
         repr(sorted(choice.decomposition_kwargs.items())),
         *((str(n.get_size()), str(n.get_stride()), n.get_dtype(), n.get_device()) for n in choice.input_nodes),
     )
     modules = _benchmark_modules.setdefault(V.graph, {})
-    if key not in modules:
-        modules[key] = _size_generic_module(choice)
-        counters["inductor"]["collective_autotune_range_builds"] += modules[key] is not None
-    if modules[key] is not None:
+    if modules.get(key) is not None:
         return modules[key]
     counters["inductor"]["collective_autotune_range_builds"] += 1
-    return choice._compile_for_benchmarking()
+    if key not in modules:
+        modules[key] = _size_generic_module(choice)
+    # Without a size-generic module: this range's own, at its size.
+    return modules[key] if modules[key] is not None else choice._compile_for_benchmarking()
 
 
 def _size_generic_module(choice: Any) -> Any:
-    """``choice`` compiled for any size of its inputs' dynamic dimensions; None where
-    its trace on the symbolic sizes would add guards on them (they would become the
-    model's guards, and the module would be right only at some sizes) or fails."""
-    from torch._inductor.virtualized import V
+    """``choice`` traced once more on its inputs' symbolic sizes and compiled for any
+    size; None where that trace would add guards on them (they would become the
+    model's guards, and the module would be right only at some sizes) or fails.
 
-    if _traced_size_generic(choice):
-        return choice._compile_for_benchmarking()
+    torch 2.11 traces a range's choices at the range's size, torch 2.13 on the symbolic
+    sizes but afresh at every range: one trace more per implementation serves both.
+    """
+    import copy
+
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     try:
+        with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
+            inputs = [ir_node_to_tensor(n) for n in choice.input_nodes]
+            gm = make_fx(
+                functools.partial(_implementation(choice), **choice.decomposition_kwargs),
+                decomposition_table=select_decomp_table(),
+                tracing_mode="symbolic",
+            )(*inputs)
+        gm_original_output_strides(gm)
+        twin = copy.copy(choice)
+        twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
         # Compiled as torch 2.13 compiles its choices: the lowering's guards on the
         # sizes' range (32-bit indexing, say) are the model's too.
-        return _retraced(choice)._compile_for_benchmarking()
+        return twin._compile_for_benchmarking()
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",
@@ -203,38 +221,10 @@ def _size_generic_module(choice: Any) -> Any:
         return None
 
 
-def _retraced(choice: Any) -> Any:
-    """A copy of ``choice`` whose graph is traced again on its inputs' symbolic sizes,
-    as torch 2.13 traces every choice (torch 2.11 traces a range's choices at the
-    range's size)."""
-    import copy
-
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
-    from torch._inductor.virtualized import V
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    implementation = choice.decomposition
-    with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
-        inputs = [ir_node_to_tensor(n) for n in choice.input_nodes]
-        gm = make_fx(
-            functools.partial(getattr(implementation, "__wrapped__", implementation), **choice.decomposition_kwargs),
-            decomposition_table=select_decomp_table(),
-            tracing_mode="symbolic",
-        )(*inputs)
-    gm_original_output_strides(gm)
-    twin = copy.copy(choice)
-    twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
-    return twin
-
-
-def _traced_size_generic(choice: Any) -> bool:
-    """Whether ``choice`` was traced with the symbolic sizes of its inputs (torch 2.13
-    does; torch 2.11 traces a range's choices at the range's size)."""
-    return all(
-        [isinstance(s, torch.SymInt) for s in t.shape] == [_is_symbolic(s) for s in n.get_size()]
-        for t, n in zip(choice.example_inputs, choice.input_nodes)
-    )
+def _implementation(choice: Any) -> Callable[..., Any]:
+    """The user's implementation of ``choice``, without the guard prepare_choices put
+    around it (a failure here falls back; it is not the choice's failure)."""
+    return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
 
 
 class _GuardAttempted(RuntimeError):
