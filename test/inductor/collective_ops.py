@@ -127,6 +127,22 @@ def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return x.new_empty((x.shape[0] // size, *x.shape[1:]))
 
 
+@torch.library.custom_op("cat_test::opaque_all_reduce", mutates_args=())
+def opaque_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """An all-reduce Inductor cannot see into (as symmetric-memory kernels are wrapped):
+    5 ms plus 0.05 ms a row."""
+    out = x.clone()
+    dist.all_reduce(out, group=group_of(group_name))
+    _sleep_ms(x, 5 + 0.05 * x.shape[0])
+    ran.append("opaque")
+    return out
+
+
+@opaque_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 @torch.library.custom_op("cat_test::scale", mutates_args=())
 def scale(x: torch.Tensor) -> torch.Tensor:
     return x * 2
@@ -224,6 +240,11 @@ def per_row_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch
     """An all-reduce that costs 1 ms per row: faster than flat_cost below 20 rows."""
     out = delay_rows(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), 1.0)
     return mark(out, "per_row_cost")
+
+
+def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    """The opaque op: faster than per_row_cost from 6 rows, than a 12 ms op's own below 140."""
+    return opaque_all_reduce(x, group_name)
 
 
 def chunked_all_reduce(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:

@@ -173,26 +173,35 @@ def test_one_rank_warm_one_cold_both_compile_and_agree(device, tmp_path):
 # -- dynamic sizes: one compile, the right implementation at every size ---------------------------
 
 
-def sized_calls_body(r: Rank, rows: tuple[int, ...]) -> dict:
-    """One dynamic compile of the all-reduce (its own implementation waits 12 ms), then a
-    call at each of ``rows``: which registered choices ran, compiles, the records, and
-    how many benchmark modules the ranges compiled."""
+def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0) -> dict:
+    """One dynamic compile of the all-reduce (its own implementation waits 12 ms), alone
+    or in a stack of ``layers`` layers ``x + all_reduce(relu(x @ w))``, then a call at
+    each of ``rows``: which registered choices ran, compiles, the records, and how many
+    benchmark modules the ranges compiled."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
     group = r.group.group_name
+    weights = [torch.eye(4, device=r.device) / 2 for _ in range(layers)]
+
+    def model(x):
+        for w in weights:
+            x = x + ops.all_reduce(torch.relu(x @ w), group, "12")
+        return x if weights else ops.all_reduce(x, group, "12")
+
     start = len(collective_autotune_records())
     builds = counters["inductor"]["collective_autotune_range_builds"]
     counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(lambda x: ops.all_reduce(x, group, "12"), backend=counter, dynamic=True, fullgraph=True)
+    compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
     compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
     ran = {}
     for n in rows:
         x = torch.randn(n, 4, device=r.device)
         ops.ran.clear()
-        torch.testing.assert_close(compiled(x), ops.all_reduce(x, group), rtol=1e-4, atol=1e-4)
-        ran[n] = [t for t in ops.ran if t != "default"]
+        out = compiled(x)
+        ran[n] = sorted({t for t in ops.ran if t != "default"})
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     return {
         "ran": ran,
         "frames": counter.frame_count,
@@ -216,6 +225,24 @@ def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
     # The range between two ranges that agree was not timed.
     by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
     assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
+
+
+def mixed_winners_body(r: Rank) -> dict:
+    # per_row_cost (inlined) up to 4 rows, the opaque op to 64, the op's own from 65.
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+        return sized_calls_body(r, (2, 30, 100), layers=4)
+
+
+def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile():
+    # Four call sites, each dispatching to an inlined functional collective, an opaque
+    # custom op and the op's own implementation by size (it crashed with two sites).
+    a, b = assert_all_ok(run_ranks(2, mixed_winners_body, timeout_s=150))
+    winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
+    assert winners == {"1_1": "per_row_cost", "2_4": "per_row_cost", "5_16": "opaque",
+                       "17_64": "opaque", "65_inf": "default"}
+    assert a["ran"] == b["ran"] == {2: ["per_row_cost"], 30: ["opaque"], 100: []}
+    assert a["frames"] == b["frames"] == 1
 
 
 def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():

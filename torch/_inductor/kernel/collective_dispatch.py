@@ -303,6 +303,95 @@ def _is_tensor(argument: Any) -> bool:
     return isinstance(argument.type, torch.TensorType)
 
 
+def lower_size_dispatch(
+    op: Any,
+    name: str,
+    impl_groups: Sequence[Any],
+    dim: int,
+    runtime_kwargs: dict[str, Any],
+    tensor_inputs: Sequence[Any],
+) -> Any:
+    """The winners of a range-based collective op, dispatched by size inside the
+    graph; None for any other op, or where one implementation won every range.
+
+    ``impl_groups`` are upstream's RangeImplGroups: an implementation (``impl_func``,
+    ``impl_kwargs``) and the ranges it won. Three things differ from upstream's
+    dispatch, each of which broke a serving model with several layers:
+
+    * One comparison per branch, ``size <= top``, along the ranges in size order
+      (a range merged with a non-adjacent one of the same winner is a branch of its
+      own). Upstream ORs the ranges of a winner together; traced inside an outer
+      branch, those compound predicates lift scalar tensors into the branch, which
+      Inductor's lowering of ``_local_scalar_dense`` cannot take.
+    * The branches' subgraphs are named by the call site. Upstream's are
+      ``true_graph_0`` / ``false_graph_0`` at every call site, and Inductor writes
+      one function per subgraph name: a second site whose branch takes other
+      operands called the first site's function (``too many values to unpack``).
+    * CUDA graphs stay on. Inductor turns them off for the whole graph at a
+      ``torch.cond`` over device tensors, because a predicate read from device data
+      can change between replays. This predicate reads sizes only: CUDA-graph trees
+      record one graph per distinct size, in which the branch taken is fixed.
+    """
+    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
+    from torch._inductor.ir import ir_node_to_tensor
+    from torch._inductor.kernel.collective_autotuning import names_a_collective
+    from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if len(impl_groups) < 2 or not names_a_collective(op):
+        return None
+    # (top of the branch's sizes, implementation), in size order.
+    branches: list[tuple[float, Any]] = []
+    for bounds, group in sorted(
+        ((r, g) for g in impl_groups for r in g.ranges), key=lambda rg: rg[0].start
+    ):
+        if branches and branches[-1][1] is group:
+            branches[-1] = (bounds.end, group)
+        else:
+            branches.append((bounds.end, group))
+
+    # torch.cond traces its branches with Dynamo, which skips functions of torch's
+    # own files unless told otherwise.
+    def implementation(group: Any) -> Callable[..., Any]:
+        kwargs = _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
+        return torch._dynamo.dont_skip_tracing(lambda *tensors: group.impl_func(*tensors, **kwargs))
+
+    def dispatch_from(i: int) -> Callable[..., Any]:
+        if i == len(branches) - 1:
+            return implementation(branches[i][1])
+        # An int: Dynamo would lift a float it closes over into a tensor operand.
+        top, taken, rest = int(branches[i][0]), implementation(branches[i][1]), dispatch_from(i + 1)
+        return torch._dynamo.dont_skip_tracing(
+            lambda *tensors: torch.cond(tensors[0].size(dim) <= top, taken, rest, tensors)
+        )
+
+    with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
+        dispatch = make_fx(
+            dispatch_from(0), decomposition_table=select_decomp_table(), tracing_mode="symbolic"
+        )(*(ir_node_to_tensor(t) for t in tensor_inputs))
+    # Unique in the graph being lowered: the operations so far differ at every site.
+    site = re.sub(r"\W", "_", f"{name}_{len(V.graph.operations)}")
+    for node in dispatch.graph.find_nodes(op="get_attr"):
+        branch = getattr(dispatch, node.target)
+        delattr(dispatch, node.target)
+        node.target = f"{site}_{node.target}"
+        setattr(dispatch, node.target, branch)
+    dispatch.recompile()
+
+    cudagraphs_off = V.graph.disable_cudagraphs_reason
+    result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
+    if (V.graph.disable_cudagraphs_reason or "").startswith("control flow operator: torch.cond"):
+        V.graph.disable_cudagraphs_reason = cudagraphs_off
+    log.info(
+        "%s dispatches by size along dim %d: %s",
+        name, dim,
+        ", ".join(f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches),
+    )
+    return result
+
+
 def lowered_once(op: Any, lowering: Callable[..., Any]) -> Callable[..., Any]:
     """``lowering``, except where ``op`` is lowered inside its own lowering: there the op
     lowers as itself (a call of its eager kernel).
