@@ -1,0 +1,348 @@
+"""Step time of a serving-shaped model compiled once for every batch size.
+
+One rank per GPU, under torchrun (the overlay applied):
+
+    torchrun --nproc_per_node=N benchmarks/serving_step.py --out benchmarks/results/serving_h200xN.json
+
+CPU smoke test (gloo, fp32, hidden 256, the functional all-reduce and the op's own, eager):
+
+    torchrun --nproc_per_node=2 benchmarks/serving_step.py --device cpu --out /tmp/serving.json
+
+The model is a stack of ``--layers`` tensor-parallel layers ``x = x + all_reduce(relu(x @ w))``
+(hidden 4096, bf16 on GPUs), its all-reduce examples/tp_allreduce's ``tp_demo::all_reduce``
+registered with NCCL (``one_all_reduce``, inlined functional collectives) and the
+symmetric-memory one-shot and two-shot kernels (opaque custom ops); the op's own
+implementation (clone + ``dist.all_reduce``) is always a choice. What a user gets is the
+model's step: µs per call of the whole compiled model, back to back, slowest rank, at
+every size, in each mode ("graph": ``mode="reduce-overhead"``, CUDA graphs; "eager": the
+default mode). Per mode:
+
+  * dynamic: one compile with a dynamic token dimension (``maybe_mark_dynamic``,
+    ``backed_size_oblivious``), tuned at a ladder of sizes and dispatching by size;
+  * static: the model compiled at each size alone, tuned by us (one compile per size);
+  * alone: the model compiled once (dynamic) with each implementation written in
+    (``one_all_reduce`` is the plain NCCL all-reduce a user would write; ``default``,
+    the op's own, is the model with ``collective_autotune=False``).
+
+Each variant counts its compiles (recompiles: compiles - 1 for a dynamic variant) and
+Inductor's cudagraph skips (``counters["inductor"]["cudagraph_skips"]``). The dynamic
+compile's seconds are also taken with ``collective_autotune=False`` (the op's own, no
+ladder): the difference is what tuning the ladder adds to the compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+# Every tuning starts from fresh state; compile times are those of a cold compile.
+os.environ["TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST"] = "0"
+os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
+os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+from torch._inductor import config as inductor_config, list_mode_options  # noqa: E402
+from torch._inductor.kernel.collective_autotuning import collective_autotune_records  # noqa: E402
+
+import allreduce_sweep as sweep  # noqa: E402  (benchmarks/, the script's own directory)
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from examples.tp_allreduce import ops  # noqa: E402
+
+
+# Goals: the dynamic model's step within these of the best static or single-implementation
+# compile at its size; no cudagraph skips, no recompiles; the ladder's extra compile.
+LOSS_GOAL_PCT = {"graph": 3.0, "eager": 5.0}
+LADDER_GOAL_S = 0.5
+COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    implementations: tuple[str, ...]
+    dtype: torch.dtype
+    hidden: int
+    tokens: tuple[int, ...]
+    dynamic_max: int
+    modes: tuple[str, ...]
+    calls: int  # back-to-back calls per sample; three samples per size and variant
+
+
+BENCHES = {
+    "cuda": Bench(
+        implementations=("one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot"),
+        dtype=torch.bfloat16, hidden=4096, tokens=(1, 8, 64, 512, 4096, 16384),
+        dynamic_max=16384, modes=("graph", "eager"), calls=20,
+    ),
+    "cpu": Bench(
+        implementations=("one_all_reduce",), dtype=torch.float32, hidden=256,
+        tokens=(1, 8, 64, 512), dynamic_max=512, modes=("eager",), calls=3,
+    ),
+}
+# The implementations as functions of (x, group_name), to write into a model alone.
+WRITTEN_IN: dict[str, Callable[[torch.Tensor, str], torch.Tensor]] = {
+    "one_all_reduce": ops.one_all_reduce,
+    "symm_mem_one_shot": ops.symm_mem_one_shot,
+    "symm_mem_two_shot": ops.symm_mem_two_shot,
+    "default": ops.all_reduce,  # compiled with collective_autotune=False: the op's own
+}
+
+
+class Stack(torch.nn.Module):
+    """``layers`` tensor-parallel layers ``x = x + all_reduce(relu(x @ w))``."""
+
+    def __init__(self, bench: Bench, layers: int, all_reduce: Callable, group_name: str, device: torch.device):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        # Scaled so that the residual stream stays of order one over the layers.
+        scale = bench.hidden**0.5 * dist.get_world_size()
+        self.weights = [
+            (torch.randn(bench.hidden, bench.hidden, generator=gen) / scale).to(device, bench.dtype)
+            for _ in range(layers)
+        ]
+        self.all_reduce, self.group_name = all_reduce, group_name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = x + self.all_reduce(torch.relu(x @ w), self.group_name)
+        return x
+
+
+class CountedInductor:
+    """Inductor as ``torch.compile(mode=...)`` runs it, counting the graphs it compiles."""
+
+    def __init__(self, mode: str) -> None:
+        self.options = list_mode_options("reduce-overhead" if mode == "graph" else "default")
+        self.compiles = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        self.compiles += 1
+        return torch._inductor.compile(gm, list(example_inputs), options=self.options)
+
+
+def token_input(bench: Bench, tokens: int, device: torch.device, dynamic: bool) -> torch.Tensor:
+    gen = torch.Generator(device).manual_seed(dist.get_rank())
+    x = torch.randn(tokens, bench.hidden, generator=gen, device=device, dtype=bench.dtype)
+    if dynamic:
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+    return x
+
+
+def first_call_s(fn: Callable, x: torch.Tensor) -> float:
+    """The first call's wall time less the fastest of two later ones, slowest rank."""
+    times = []
+    for _ in range(3):
+        sweep.barrier(x.device)
+        start = time.perf_counter()
+        fn(x)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    (seconds,) = sweep.group_max([times[0] - min(times[1:])], x.device)
+    return seconds
+
+
+def step_us(fn: Callable, x: torch.Tensor, calls: int) -> float:
+    """µs per call of ``calls`` back-to-back calls, median of three samples, slowest rank."""
+    for _ in range(3):  # in graph mode: warm-up, record, replay
+        fn(x)
+    samples = []
+    for _ in range(3):
+        sweep.barrier(x.device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(x)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    (us,) = sweep.group_max([statistics.median(samples)], x.device)
+    return us
+
+
+@dataclasses.dataclass
+class Variant:
+    """One way of compiling the model, measured at every size."""
+
+    step_us: dict[int, float] = dataclasses.field(default_factory=dict)
+    compiles: int = 0
+    cudagraph_skips: int = 0
+    compile_s: float = 0.0
+
+
+def measure(bench: Bench, mode: str, layers: int, all_reduce: Callable, group: dist.ProcessGroup,
+            device: torch.device, sizes: Sequence[int], dynamic: bool, check: bool) -> Variant:
+    """A fresh compile of the model (one per size unless ``dynamic``), its step at ``sizes``."""
+    variant = Variant()
+    skips = counters["inductor"]["cudagraph_skips"]
+    backends: list[CountedInductor] = []
+    for tokens in sizes:
+        if not backends or not dynamic:
+            torch._dynamo.reset()
+            eager = Stack(bench, layers, all_reduce, group.group_name, device)
+            backends.append(CountedInductor(mode))
+            model = torch.compile(eager, backend=backends[-1], fullgraph=True, dynamic=dynamic)
+            first = token_input(bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic)
+            variant.compile_s += first_call_s(model, first)
+        x = token_input(bench, tokens, device, dynamic)
+        variant.step_us[tokens] = step_us(model, x, bench.calls)
+        if check:
+            out, reference = model(x), eager(x)
+            tol = 3e-2 if bench.dtype == torch.bfloat16 else 1e-4
+            torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+    variant.compiles = sum(b.compiles for b in backends)
+    variant.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips
+    return variant
+
+
+def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: bool) -> dict[str, Any]:
+    world = list(range(dist.get_world_size()))
+
+    def fresh_group() -> dist.ProcessGroup:  # its decisions are its own
+        return dist.new_group(world)
+
+    def log(what: str, v: Variant) -> None:
+        if rank0:
+            steps = ", ".join(f"{t}: {us:.1f}" for t, us in v.step_us.items())
+            print(f"[{mode}] {what}: compile {v.compile_s:.2f} s, {v.compiles} compiles, "
+                  f"{v.cudagraph_skips} cudagraph skips; step us {steps}", flush=True)
+
+    variants: dict[str, Variant] = {}
+    group = fresh_group()
+    with inductor_config.patch(collective_autotune=False):
+        untuned = measure(bench, mode, layers, ops.all_reduce, group, device, bench.tokens[:1], True, False)
+    group = fresh_group()
+    first_record = len(collective_autotune_records())
+    variants["dynamic"] = measure(bench, mode, layers, ops.all_reduce, group, device, bench.tokens, True, True)
+    # Each range's decision where it was made (later layers reuse it).
+    ladder = list({
+        r.op.rsplit("_range_", 1)[1]: (r.op.rsplit("_range_", 1)[1], r.winner, r.source)
+        for r in reversed(collective_autotune_records()[first_record:]) if r.group_name == group.group_name
+    }.values())
+    log("dynamic", variants["dynamic"])
+    variants["static"] = measure(bench, mode, layers, ops.all_reduce, fresh_group(), device, bench.tokens, False, False)
+    log("static", variants["static"])
+    for name in (*bench.implementations, "default"):
+        with inductor_config.patch(collective_autotune=name != "default"):
+            variants[name] = measure(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
+                                     bench.tokens, True, False)
+        log(name, variants[name])
+
+    rows = []
+    for tokens in bench.tokens:
+        others = {k: v.step_us[tokens] for k, v in variants.items() if k != "dynamic"}
+        best = min(others, key=others.get)
+        fastest = min(others.values())
+        nccl = variants["one_all_reduce"].step_us[tokens]
+        dynamic = variants["dynamic"].step_us[tokens]
+        rows.append({
+            "tokens": tokens,
+            "bytes": tokens * bench.hidden * torch.finfo(bench.dtype).bits // 8,
+            "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
+            "best": best,
+            "loss_pct": sweep._pct(dynamic, fastest),
+            "vs_nccl_pct": sweep._pct(dynamic, nccl),
+            # Where another implementation beats plain NCCL by more than the noise of a step.
+            "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT[mode] / 100),
+        })
+    return sweep._rounded({
+        "rows": rows,
+        "ladder": ladder,
+        "compiles": {k: v.compiles for k, v in variants.items()},
+        "cudagraph_skips": {k: v.cudagraph_skips for k, v in variants.items()},
+        "recompiles": variants["dynamic"].compiles - 1,
+        "compile_s": {"dynamic_tuned": variants["dynamic"].compile_s, "dynamic_untuned": untuned.compile_s},
+        "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
+    })
+
+
+def run(args: argparse.Namespace) -> None:
+    started = time.perf_counter()
+    device = sweep.init(args.device)
+    bench = BENCHES[args.device]
+    if args.tokens:
+        bench = dataclasses.replace(bench, tokens=tuple(int(t) for t in args.tokens.split(",")))
+    if args.modes:
+        bench = dataclasses.replace(bench, modes=tuple(args.modes.split(",")))
+    ops.register(bench.implementations)
+    torch.fx.experimental._config.backed_size_oblivious = True  # one graph for 1 .. max
+    inductor_config.collective_autotune_dynamic_max = bench.dynamic_max
+    rank0 = dist.get_rank() == 0
+    # Communicators and symmetric memory set up before anything is timed.
+    warm = torch.ones(1024, bench.hidden, dtype=bench.dtype, device=device)
+    for name in bench.implementations:
+        WRITTEN_IN[name](warm, dist.group.WORLD.group_name)
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)",
+        "world_size": dist.get_world_size(),
+        "torch": torch.__version__,
+        "dtype": str(bench.dtype).removeprefix("torch."),
+        "hidden": bench.hidden,
+        "layers": args.layers,
+        "implementations": [*bench.implementations, "default"],
+        "compile_tokens": COMPILE_TOKENS,
+        "collective_autotune_dynamic_max": bench.dynamic_max,
+        "modes": {mode: run_mode(bench, mode, args.layers, device, rank0) for mode in bench.modes},
+    }
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    if rank0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(summary(result), flush=True)
+    dist.destroy_process_group()
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The goals, checked on the result."""
+    lines = [
+        f"goals: {result['world_size']}x {result['device']}, torch {result['torch']}, {result['layers']} "
+        f"layers x + all_reduce(relu(x @ w)), hidden {result['hidden']}, {result['dtype']}",
+    ]
+    for mode, m in result["modes"].items():
+        goal = LOSS_GOAL_PCT[mode]
+        lines.append(f"[{mode}] ladder: {', '.join(f'{r} {w} ({s})' for r, w, s in m['ladder'])}")
+        for row in m["rows"]:
+            steps = ", ".join(f"{k} {v:.1f}" for k, v in row["step_us"].items())
+            lines.append(
+                f"  {row['tokens']:>6} tokens: dynamic {row['step_us']['dynamic']:.1f} us, best {row['best']} "
+                f"-> {row['loss_pct']:+.1f}%, vs NCCL {row['vs_nccl_pct']:+.1f}%  [{steps}]"
+            )
+        worst = max(m["rows"], key=lambda r: r["loss_pct"])
+        slower = [r["tokens"] for r in m["rows"] if r["nccl_beaten"] and r["vs_nccl_pct"] >= 0]
+        skips = sum(m["cudagraph_skips"].values())
+        lines += [
+            f"  step within {goal:g}% of the best static or single-implementation compile: worst "
+            f"{worst['loss_pct']:+.1f}% at {worst['tokens']} tokens -> {sweep._verdict(worst['loss_pct'] <= goal)}",
+            f"  faster than plain NCCL wherever another implementation is: "
+            f"{'yes' if not slower else 'not at ' + str(slower)} -> {sweep._verdict(not slower)}",
+            f"  cudagraph skips {m['cudagraph_skips']} -> {sweep._verdict(skips == 0)}; recompiles of the "
+            f"dynamic compile {m['recompiles']} -> {sweep._verdict(m['recompiles'] == 0)}",
+            f"  extra compile of the ladder (tuned {m['compile_s']['dynamic_tuned']:.2f} s - untuned "
+            f"{m['compile_s']['dynamic_untuned']:.2f} s; goal <= {LADDER_GOAL_S:g} s per op): "
+            f"{m['extra_compile_s']:.2f} s -> {sweep._verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}",
+        ]
+    lines.append(f"wall time: {result['wall_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="the results JSON (rank 0 writes it)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--tokens", default="", help="comma-separated sizes (default: the device's)")
+    parser.add_argument("--modes", default="", help="graph,eager (default: the device's)")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
