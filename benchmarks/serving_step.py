@@ -206,14 +206,21 @@ def measure(bench: Bench, mode: str, layers: int, all_reduce: Callable, group: d
 def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: bool) -> dict[str, Any]:
     world = list(range(dist.get_world_size()))
 
-    def fresh_group() -> dist.ProcessGroup:  # its decisions are its own
-        return dist.new_group(world)
-
     def log(what: str, v: Variant) -> None:
         if rank0:
             steps = ", ".join(f"{t}: {us:.1f}" for t, us in v.step_us.items())
             print(f"[{mode}] {what}: compile {v.compile_s:.2f} s, {v.compiles} compiles, "
                   f"{v.cudagraph_skips} cudagraph skips; step us {steps}", flush=True)
+
+    def fresh_group() -> dist.ProcessGroup:  # its decisions are its own
+        group = dist.new_group(world)
+        # The example's symmetric-memory ops allocate their group's buffer at first use:
+        # at the largest size, outside any CUDA graph (a rendezvous is collective, and
+        # CUDA-graph trees refuse allocations that outlive a call).
+        largest = torch.zeros(max(bench.tokens), bench.hidden, dtype=bench.dtype, device=device)
+        for name in bench.implementations:
+            WRITTEN_IN[name](largest, group.group_name)
+        return group
 
     variants: dict[str, Variant] = {}
     group = fresh_group()
@@ -228,6 +235,8 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         for r in reversed(collective_autotune_records()[first_record:]) if r.group_name == group.group_name
     }.values())
     log("dynamic", variants["dynamic"])
+    if rank0:
+        print(f"[{mode}] ladder: {ladder}", flush=True)
     variants["static"] = measure(bench, mode, layers, ops.all_reduce, fresh_group(), device, bench.tokens, False, False)
     log("static", variants["static"])
     for name in (*bench.implementations, "default"):
@@ -276,10 +285,6 @@ def run(args: argparse.Namespace) -> None:
     torch.fx.experimental._config.backed_size_oblivious = True  # one graph for 1 .. max
     inductor_config.collective_autotune_dynamic_max = bench.dynamic_max
     rank0 = dist.get_rank() == 0
-    # Communicators and symmetric memory set up before anything is timed.
-    warm = torch.ones(1024, bench.hidden, dtype=bench.dtype, device=device)
-    for name in bench.implementations:
-        WRITTEN_IN[name](warm, dist.group.WORLD.group_name)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)",
         "world_size": dist.get_world_size(),

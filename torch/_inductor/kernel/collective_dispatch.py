@@ -333,7 +333,7 @@ def lower_size_dispatch(
       record one graph per distinct size, in which the branch taken is fixed.
     """
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
-    from torch._inductor.ir import ir_node_to_tensor
+    from torch._inductor.ir import Conditional, ir_node_to_tensor
     from torch._inductor.kernel.collective_autotuning import names_a_collective
     from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
     from torch._inductor.decomposition import select_decomp_table
@@ -353,19 +353,28 @@ def lower_size_dispatch(
             branches.append((bounds.end, group))
 
     # torch.cond traces its branches with Dynamo, which skips functions of torch's
-    # own files unless told otherwise.
+    # own files unless told otherwise, and lifts the values a branch closes over into
+    # operands (torch 2.11 takes only graph nodes there): constants are bound as
+    # default arguments instead.
     def implementation(group: Any) -> Callable[..., Any]:
-        kwargs = _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
-        return torch._dynamo.dont_skip_tracing(lambda *tensors: group.impl_func(*tensors, **kwargs))
+        @torch._dynamo.dont_skip_tracing
+        def run(*tensors: Any, _group: Any = group, _kwargs: Any = (
+            _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
+        )) -> Any:
+            return _group.impl_func(*tensors, **_kwargs)
+
+        return run
 
     def dispatch_from(i: int) -> Callable[..., Any]:
         if i == len(branches) - 1:
             return implementation(branches[i][1])
-        # An int: Dynamo would lift a float it closes over into a tensor operand.
-        top, taken, rest = int(branches[i][0]), implementation(branches[i][1]), dispatch_from(i + 1)
-        return torch._dynamo.dont_skip_tracing(
-            lambda *tensors: torch.cond(tensors[0].size(dim) <= top, taken, rest, tensors)
-        )
+
+        @torch._dynamo.dont_skip_tracing
+        def choose(*tensors: Any, _top: int = int(branches[i][0]), _dim: int = dim,
+                   _taken: Any = implementation(branches[i][1]), _rest: Any = dispatch_from(i + 1)) -> Any:
+            return torch.cond(tensors[0].size(_dim) <= _top, _taken, _rest, tensors)
+
+        return choose
 
     with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
         dispatch = make_fx(
@@ -381,15 +390,58 @@ def lower_size_dispatch(
     dispatch.recompile()
 
     cudagraphs_off = V.graph.disable_cudagraphs_reason
+    operations = len(V.graph.operations)
     result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
     if (V.graph.disable_cudagraphs_reason or "").startswith("control flow operator: torch.cond"):
         V.graph.disable_cudagraphs_reason = cudagraphs_off
+    _size_dispatches.setdefault(V.graph, set()).update(
+        op.get_name() for op in V.graph.operations[operations:] if isinstance(op, Conditional)
+    )
+    install_partition_hook()
     log.info(
         "%s dispatches by size along dim %d: %s",
         name, dim,
         ", ".join(f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches),
     )
     return result
+
+
+# The size dispatches (their Conditional's buffer name) of each graph being lowered.
+_size_dispatches: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(None)
+def install_partition_hook() -> None:
+    """Keep size dispatches inside CUDA-graph partitions.
+
+    With ``graph_partition`` (the default from torch 2.11), the scheduler runs every
+    ``Conditional`` outside CUDA graphs, for the same reason as the cond lowering
+    (above): here, partition boundaries at every layer, and on torch 2.11 outputs of
+    the partitions around it that CUDA-graph trees refuse. A size dispatch is as safe
+    to capture as any kernel. Wrapped at run time because the overlay patches no
+    upstream file it need not (scheduler.py is not one); in-tree this is one
+    condition in ``Scheduler.should_partition``.
+    """
+    from torch._inductor.scheduler import Scheduler
+    from torch._inductor.virtualized import V
+
+    original = Scheduler.should_partition
+
+    @functools.wraps(original)
+    def should_partition(self: Any, node: Any) -> Optional[str]:
+        from torch._inductor.ir import Conditional
+
+        reason = original(self, node)
+        ir_node = getattr(node, "node", None)
+        if (
+            reason == "Conditional ops"
+            and isinstance(ir_node, Conditional)
+            and ir_node.get_name() in _size_dispatches.get(V.graph, ())
+        ):
+            return None
+        return reason
+
+    Scheduler.should_partition = should_partition  # type: ignore[method-assign]
 
 
 def lowered_once(op: Any, lowering: Callable[..., Any]) -> Callable[..., Any]:
