@@ -234,10 +234,11 @@ def mixed_winners_body(r: Rank) -> dict:
         return sized_calls_body(r, (2, 30, 100), layers=4)
 
 
-def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile():
+@pytest.mark.parametrize("device", DEVICES)
+def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile(device):
     # Four call sites, each dispatching to an inlined functional collective, an opaque
     # custom op and the op's own implementation by size (it crashed with two sites).
-    a, b = assert_all_ok(run_ranks(2, mixed_winners_body, timeout_s=150))
+    a, b = assert_all_ok(run_ranks(2, mixed_winners_body, device=device, timeout_s=150))
     winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
     assert winners == {"1_1": "per_row_cost", "2_4": "per_row_cost", "5_16": "opaque",
                        "17_64": "opaque", "65_inf": "default"}
