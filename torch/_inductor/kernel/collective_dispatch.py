@@ -10,7 +10,7 @@ upper bound, or ``collective_autotune_dynamic_max`` (default 16384) where the sy
 is unbounded. Each range (p_i-1, p_i] is decided at its top size, by the group, as a
 key of its own (so it is reused in the job and kept on disk like any other); neighbour
 ranges with one winner merge, and the generated code dispatches on the size at run
-time (nested ``torch.cond`` on the dimension, inlined into the graph).
+time (:func:`lower_size_dispatch`: host code in the wrapper, CUDA graphs kept).
 
 Ranges are tuned coarse to fine: the smallest and largest first, then the middle of
 every gap. A range whose nearest decided neighbours below and above chose the same
