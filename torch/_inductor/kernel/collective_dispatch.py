@@ -23,14 +23,13 @@ range's size.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import re
 import weakref
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
@@ -191,27 +190,10 @@ def _size_generic_module(choice: Any) -> Any:
     torch 2.11 traces a range's choices at the range's size, torch 2.13 on the symbolic
     sizes but afresh at every range: one trace more per implementation serves both.
     """
-    import copy
-
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
-    from torch._inductor.virtualized import V
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch._inductor.kernel.collective_choice_modules import compiled_module
 
     try:
-        with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
-            inputs = [ir_node_to_tensor(n) for n in choice.input_nodes]
-            gm = make_fx(
-                functools.partial(_implementation(choice), **choice.decomposition_kwargs),
-                decomposition_table=select_decomp_table(),
-                tracing_mode="symbolic",
-            )(*inputs)
-        gm_original_output_strides(gm)
-        twin = copy.copy(choice)
-        twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
-        # Compiled as torch 2.13 compiles its choices: the lowering's guards on the
-        # sizes' range (32-bit indexing, say) are the model's too.
-        return twin._compile_for_benchmarking()
+        return compiled_module(choice, _implementation(choice), symbolic=True)
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",
@@ -225,32 +207,6 @@ def _implementation(choice: Any) -> Callable[..., Any]:
     """The user's implementation of ``choice``, without the guard prepare_choices put
     around it (a failure here falls back; it is not the choice's failure)."""
     return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
-
-
-class _GuardAttempted(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def _guards_refused(shape_env: Any) -> Iterator[None]:
-    """Raise where the code inside would add a guard to ``shape_env`` (the exception
-    leaves nothing behind: no guard, no cached evaluation)."""
-    refuse = getattr(shape_env, "error_on_new_guards", None)
-    if refuse is not None:  # torch >= 2.13
-        with refuse():
-            yield
-        return
-
-    # torch 2.11 has no error_on_new_guards; every new guard passes its _check_frozen,
-    # which the later version makes raise in the same way.
-    def refused(expr: Any, concrete_val: Any = None) -> None:
-        raise _GuardAttempted(f"tracing would add the guard {expr} == {concrete_val}")
-
-    shape_env._check_frozen = refused
-    try:
-        yield
-    finally:
-        del shape_env._check_frozen
 
 
 def _validate(ratio: Any, largest: Any) -> None:
@@ -337,6 +293,7 @@ def lower_size_dispatch(
     from torch._inductor.kernel.collective_autotuning import names_a_collective
     from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
     from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.kernel.collective_choice_modules import guards_refused
     from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -376,7 +333,7 @@ def lower_size_dispatch(
 
         return choose
 
-    with V.fake_mode, _guards_refused(V.graph.sizevars.shape_env):
+    with V.fake_mode, guards_refused(V.graph.sizevars.shape_env):
         dispatch = make_fx(
             dispatch_from(0), decomposition_table=select_decomp_table(), tracing_mode="symbolic"
         )(*(ir_node_to_tensor(t) for t in tensor_inputs))
