@@ -566,11 +566,12 @@ def install_liveness() -> None:
 
     compiling: list[Any] = []
 
-    def start(args: Any) -> None:
-        compiling.append(liveness.working(f"compiling graph {args.compile_id}"))
+    def start(args: Any = None) -> None:
+        # (older Dynamo calls its callbacks without arguments)
+        compiling.append(liveness.working(f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()))
         compiling[-1].__enter__()
 
-    def end(args: Any) -> None:
+    def end(args: Any = None) -> None:
         if compiling:
             compiling.pop().__exit__(None, None, None)
 

@@ -184,7 +184,9 @@ class Liveness:
 
         if not (dist.is_available() and dist.is_initialized()):
             return
-        store = dist.distributed_c10d._get_default_store().clone()
+        default = dist.distributed_c10d._get_default_store()
+        # (a Store without clone is shared: its clients serialise their operations)
+        store = default.clone() if hasattr(default, "clone") else default
         key = _alive_key(dist.get_rank())
         self._thread = threading.Thread(
             target=self._beat, args=(store, key), name="collective-autotune-heartbeat", daemon=True
@@ -200,7 +202,8 @@ class Liveness:
                 beats += 1
                 try:
                     store.set(key, json.dumps({"beat": beats, "doing": doing[0]}))
-                except Exception:  # noqa: BLE001 - store gone: the job is ending
+                except Exception:  # noqa: BLE001 - the store is gone with its group
+                    self._thread = None  # a later process group gets a new thread
                     return
             time.sleep(_BEAT_S)
 
