@@ -202,6 +202,48 @@ def _register_failing_lowering() -> None:
 _register_failing_lowering()
 
 
+@torch.library.custom_op("cat_test::dies_when_lowered_on_rank", mutates_args=())
+def dies_when_lowered_on_rank(x: torch.Tensor, rank: int) -> torch.Tensor:
+    return x.clone()
+
+
+@dies_when_lowered_on_rank.register_fake
+def _(x: torch.Tensor, rank: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _register_dying_lowering() -> None:
+    """On ``rank``, lowering the op kills the process once every other rank waits (its
+    heartbeat went quiet for a second), writing the time of death to the file named
+    by CAT_TEST_DEATH_FILE: a rank killed while compiling its choices."""
+    from torch._inductor.lowering import fallback_handler, register_lowering
+
+    op = torch.ops.cat_test.dies_when_lowered_on_rank.default
+
+    @register_lowering(op)
+    def _lower(x, rank):  # type: ignore[no-untyped-def]
+        if dist.get_rank() == rank:
+            _wait_until_peers_wait()
+            with open(os.environ["CAT_TEST_DEATH_FILE"], "w") as f:
+                f.write(repr(time.time()))
+            os._exit(17)
+        return fallback_handler(op, add_to_fallback_set=False)(x, rank)
+
+
+def _wait_until_peers_wait(quiet_s: float = 1.0, patience_s: float = 60.0) -> None:
+    store = dist.distributed_c10d._get_default_store()
+    keys = [f"collective_autotune/alive/{r}" for r in range(dist.get_world_size()) if r != dist.get_rank()]
+    last, quiet_since, give_up = None, time.monotonic(), time.monotonic() + patience_s
+    while time.monotonic() - quiet_since < quiet_s and time.monotonic() < give_up:
+        beats = [store.get(k) if store.check([k]) else None for k in keys]
+        if beats != last:
+            last, quiet_since = beats, time.monotonic()
+        time.sleep(0.05)
+
+
+_register_dying_lowering()
+
+
 # -- implementations -------------------------------------------------------------------
 
 
@@ -215,6 +257,32 @@ def all_reduce_then(name: str, wait_ms: str = "0", before: Callable | None = Non
 
     impl.__name__ = name
     return impl
+
+
+def slow_to_trace(name: str, wait_ms: str = "0") -> Callable:
+    """An all-reduce (then a delay) whose tracing takes CAT_TEST_SLOW_TRACE_S seconds,
+    once per process, on the global rank CAT_TEST_SLOW_TRACE_RANK: a cold compile."""
+
+    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+        if os.environ.get("CAT_TEST_SLOW_TRACE_RANK") == str(dist.get_rank()) and not _slow_traced:
+            _slow_traced.append(name)
+            time.sleep(float(os.environ["CAT_TEST_SLOW_TRACE_S"]))
+        out = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+        return out if wait_ms == "0" else delay(out, wait_ms)
+
+    impl.__name__ = name
+    return impl
+
+
+_slow_traced: list[str] = []
+
+
+def reads_before_wait(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    """Upstream's own test implementation: an in-place all-reduce whose output is read
+    without wait_tensor, i.e. before the communication finished."""
+    out = x.clone()
+    fc.all_reduce_(out, "sum", group_name)
+    return out * 1
 
 
 def refuses_when_traced(name: str, ranks: str) -> Callable:

@@ -7,8 +7,10 @@ Each scenario asserts bounded wall time, the same decision on every rank of a gr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -336,3 +338,124 @@ def test_rank_that_tuned_alone_does_not_stall_later_sessions(device):
     assert second["same_s"] < TIMEOUT_S
     (new0,), (new1,) = first["new"], second["new"]
     assert new0 == new1 and new0.decision == "benchmark"
+
+
+# -- waits bound silence, not work ----------------------------------------------------------------
+
+
+LIVENESS_TIMEOUT_S = 5.0
+# Longer than three timeouts: no wait may end while the cold rank works.
+SLOW_TRACE_S = 16.0
+
+
+def vote_after_body(r: Rank, works: bool) -> dict:
+    """Rank 1 votes 3 s late, working (beating) meanwhile or silent; the timeout is 1 s."""
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError, CollectiveSession, liveness
+
+    session = CollectiveSession(
+        dist.distributed_c10d._get_default_store(), r.group.group_name, f"vote_after/{works}",
+        r.rank, dist.get_process_group_ranks(r.group), timeout=1.0,
+    )
+    begin = time.monotonic()
+    if r.rank == 1:
+        with liveness.working("working on purpose") if works else contextlib.nullcontext():
+            time.sleep(3.0)
+    try:
+        session.vote("late", "ok")
+        return {"error": None, "s": time.monotonic() - begin}
+    except CollectiveAutotuneError as e:
+        return {"error": str(e), "s": time.monotonic() - begin}
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_a_vote_waits_for_a_working_peer_and_not_for_a_silent_one(works):
+    early, late = assert_all_ok(run_ranks(2, vote_after_body, works))
+    assert late["error"] is None
+    if works:
+        assert early["error"] is None and early["s"] > 2.5
+    else:
+        assert "late: group ranks [1] did not report and were silent for 1 s" in early["error"]
+        # Under torchrun, rank 1 beat in earlier tests: then it says where, long ago.
+        assert "group rank 1 never reported progress" in early["error"] or "group rank 1 was last heard" in early["error"]
+        assert early["s"] < 1.0 + 0.5
+
+
+def warm_cold_body(r: Rank) -> list:
+    # Three choices that all lose to the op's own implementation by 20 ms: one winner,
+    # whatever the noise of a loaded machine.
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce", "20"),
+        ops.slow_to_trace("slow_to_trace", "20"),
+        ops.all_reduce_then("another_all_reduce", "20"),
+    )
+    with patched_timeout(LIVENESS_TIMEOUT_S):
+        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name) + 1, torch.randn(8, 8, device=r.device))
+
+
+def test_a_cold_rank_compiling_longer_than_the_timeout_is_waited_for(tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")}
+    (first,), _ = assert_all_ok(run_ranks(2, warm_cold_body, env=env, restarts=True))
+    shutil.rmtree(tmp_path / "1")  # rank 1 cold; rank 0 warm
+    slow = {**env, "CAT_TEST_SLOW_TRACE_RANK": "1", "CAT_TEST_SLOW_TRACE_S": str(SLOW_TRACE_S)}
+    results = run_ranks(2, warm_cold_body, env=slow, restarts=True)
+    (warm,), (cold,) = assert_all_ok(results)
+    # The warm rank waited (its cache hit, then its votes) through the cold rank's
+    # compile, over three timeouts long, and both tuned together.
+    assert results[0].wall_s > SLOW_TRACE_S
+    assert warm == cold and warm.source == "benchmark"
+    assert warm.winner == first.winner == "default"
+
+
+def killed_while_waited_for_body(r: Rank) -> dict:
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"),
+        ops.all_reduce_then("dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, 1)),
+    )
+    try:
+        with patched_timeout():
+            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    except Exception as e:  # noqa: BLE001 - the test asserts on it
+        return {"error": f"{type(e).__name__}: {e}", "failed_at": time.time()}
+    return {"error": None}
+
+
+def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout(tmp_path):
+    death = tmp_path / "died_at"
+    survivor, dead = run_ranks(
+        2, killed_while_waited_for_body, env={"CAT_TEST_DEATH_FILE": str(death)}, breaks_the_group=True
+    )
+    assert dead.wall_s is None  # it never reported
+    assert survivor.ok and survivor.value["error"] is not None, survivor
+    error = survivor.value["error"]
+    assert "CollectiveAutotuneError" in error and "/build: group ranks [1] did not report" in error, error
+    assert "group rank 1 was last heard" in error and "compiling the choices of site/" in error, error
+    assert survivor.value["failed_at"] - float(death.read_text()) < TIMEOUT_S + 2.0
+
+
+# -- a choice that reads a collective's output before waiting -------------------------------------
+
+
+def reads_before_wait_body(r: Rank) -> list:
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reads_before_wait)
+    return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(64, 64, device=r.device))
+
+
+def test_a_choice_reading_a_collective_before_waiting_is_named_on_every_rank():
+    (a,), (b,) = assert_all_ok(run_ranks(2, reads_before_wait_body))
+    assert a == b  # the same decision, and the same words, on every rank
+    assert (
+        "dropped reads_before_wait (group ranks [0, 1]: reads the output of "
+        "_c10d_functional::all_reduce_ before wait_tensor" in a.reason
+    ), a.reason
+    assert "reads_before_wait" not in {short(t.name) for t in a.timings}
+
+
+def test_a_screen_rejection_names_each_rank_and_its_error():
+    from torch._inductor.runtime.collective_benchmarking import _rejection
+
+    wrong = "rejected: output differs from the reference (max abs error 7.95)"
+    assert _rejection([wrong, "ok"]) == (
+        f"rejected by group ranks [0] (group rank 0: {wrong}), accepted by group ranks [1]: a "
+        "result that differs between ranks suggests it reads data before a collective completed"
+    )
+    assert _rejection([wrong, wrong]) == f"rejected by every rank: group rank 0: {wrong}; group rank 1: {wrong}"

@@ -170,6 +170,26 @@ def test_one_rank_warm_one_cold_both_compile_and_agree(device, tmp_path):
     assert warm["records"][0].source == "benchmark"
 
 
+def test_a_cached_graph_is_used_only_in_the_environment_its_decisions_were_made_in(tmp_path):
+    # One cache dir for every rank and run, as on one host: tuned on 4 ranks, then
+    # started on 2 (another tensor-parallel size), then on 2 again.
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    four = assert_all_ok(run_ranks(4, cached_body, env=env, restarts=True))
+    two = assert_all_ok(run_ranks(2, cached_body, env=env, restarts=True))
+    again = assert_all_ok(run_ranks(2, cached_body, env=env, restarts=True))
+    assert all(rank["records"][0].source == "benchmark" for rank in four)
+    # The graph compiled for 4 ranks is a miss on 2: both ranks tune for 2.
+    assert two[0]["records"] == two[1]["records"]
+    assert two[0]["fx_hits"] == two[1]["fx_hits"] == 0
+    assert two[0]["records"][0].source == "benchmark" and two[0]["records"][0].group_ranks == (0, 1)
+    # The next 2-rank run uses what the first kept (its graph, or its stored
+    # decision where the cache offers the 4-rank graph first), without tuning.
+    assert again[0]["records"] == again[1]["records"]
+    assert {r.source for r in again[0]["records"]} <= {"cache", "disk", "job"}
+    assert all(r.winner == two[0]["records"][0].winner for r in again[0]["records"])
+    print(f"4 -> 2 -> 2: the second 2-rank run's sources: {[r.source for r in again[0]['records']]}")
+
+
 # -- dynamic sizes: one compile, the right implementation at every size ---------------------------
 
 

@@ -246,8 +246,7 @@ def _decided_before_tracing(
     def key_of(site: str) -> str:
         return _site_key(site, inputs, labels, mode, min_speedup_threshold)
 
-    store = dist.distributed_c10d._get_default_store()
-    decisions = collective_graph.GroupDecisions(store, group.group_name)
+    decisions = collective_graph.group_decisions(group, settings.timeout)
     key = key_of(name)
 
     def decided(site: str) -> Optional[str]:
@@ -311,7 +310,10 @@ def _schema_arguments(op: Any) -> set[str]:
 
 
 def _trace_failure(choice: ChoiceCaller) -> str:
-    return getattr(getattr(choice, "decomposition", None), "trace_failure", "")
+    """Why ``choice`` cannot be used, as tracing shows alike on every rank, or ""."""
+    return getattr(getattr(choice, "decomposition", None), "trace_failure", "") or (
+        collective_graph.unwaited_collective(getattr(choice, "gm", None))
+    )
 
 
 # -- detection -------------------------------------------------------------------
@@ -572,7 +574,7 @@ def select_collective_choice(
             picked, timings, min_speedup_threshold, prepared.below if prepared else None
         )
         reason = f"{reason}; {picked_because}"
-    stored = collective_graph.settle_key(voting, key, winner, name)
+    stored = collective_graph.settle_key(voting, key, winner, name, environment(process_group, device))
     source = decision.source
     if stored != winner:
         winner, reason = stored, f"the group decided {stored} first"

@@ -32,11 +32,12 @@ import weakref
 from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
+from torch._inductor.runtime.collective_decisions import current_environment, group_scope
 from torch._inductor.runtime.collective_protocol import (
     CollectiveSession,
-    Deadline,
     Decision,
     GroupDecisions,
+    liveness,
 )
 
 
@@ -60,6 +61,7 @@ def note_registration(op: Any, collective: bool) -> None:
     if collective:
         _collective_ops.add(op_name(op))
     install_cache_gate()
+    install_liveness()
 
 
 # -- plans -------------------------------------------------------------------------
@@ -189,12 +191,23 @@ def _join(group: ProcessGroup, plan: str, timeout: float, loaded: str, name: str
         return pending
     store = dist.distributed_c10d._get_default_store()
     session = CollectiveSession(
-        store, group.group_name, name, dist.get_rank(group), group.size(), timeout
+        store, group.group_name, name, dist.get_rank(group),
+        dist.get_process_group_ranks(group), timeout,
     )
     decision = session.agree(
         {"loaded": loaded}, decide=_decide_graph, fallback=lambda why: Decision("fallback", why)
     )
-    return GroupSession(group, plan, session, decision, GroupDecisions(store, group.group_name))
+    return GroupSession(group, plan, session, decision, group_decisions(group, timeout))
+
+
+def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
+    """The decisions ``group`` keeps in the Store for the job, under its environment."""
+    import torch.distributed as dist
+
+    return GroupDecisions(
+        dist.distributed_c10d._get_default_store(), group.group_name,
+        dist.get_process_group_ranks(group), group_scope(group), timeout,
+    )
 
 
 def _decide_graph(joins: list[dict[str, Any]]) -> Decision:
@@ -307,7 +320,7 @@ def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecis
 def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
     """The decision its peers publish for ``key``, or, past the deadline, the op's own
     implementation (proposed like any decision, so every rank ends with the same)."""
-    stored = session.decisions.wait(key, Deadline(session.session.timeout))
+    stored = session.decisions.wait(key)
     if stored is not None:
         return SiteDecision("use", (stored,), "decided by the group", "job")
     return SiteDecision("use", (default,), "the group did not publish a decision in time", "agreement")
@@ -338,18 +351,16 @@ def _vote_key(
             f"group rank 0; all use {chosen}",
             "agreement",
         )
-    failed = {
-        name: f"group rank {r}: {why}"
-        for r, rep in enumerate(reports) for name, why in sorted(rep.failed.items())
-    }
+    failed = _failures([rep.failed for rep in reports])
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
     if len(stored) == 1 and "" not in stored and winner not in failed:
         return SiteDecision("use", (winner,), "every rank holds the same stored decision", "disk")
-    outcomes = session.session.vote(f"{topic}/build", json.dumps(build(), sort_keys=True))
-    for r, outcome in enumerate(outcomes):
-        for name, why in sorted(json.loads(outcome).items()):
-            failed.setdefault(name, f"group rank {r}: {why}")
+    with liveness.working(f"compiling the choices of {topic}"):
+        built = build()
+    outcomes = session.session.vote(f"{topic}/build", json.dumps(built, sort_keys=True))
+    for name, why in _failures([json.loads(outcome) for outcome in outcomes]).items():
+        failed.setdefault(name, why)
     for name, why in failed.items():
         log.warning("choice %s is dropped on every rank of the group: %s", name, why)
     runnable = [n for n in reports[0].choices if n not in failed]
@@ -364,12 +375,31 @@ def _vote_key(
     return SiteDecision("benchmark", tuple(runnable), f"benchmarked on every rank{note}", "benchmark")
 
 
-def settle_key(session: GroupSession, key: str, winner: str, op: str) -> str:
+def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
+    """Each failed choice with the ranks it failed on and why, one clause per reason:
+    ``group ranks [0, 1]: why``, the same words on every rank."""
+    failed: dict[str, dict[str, list[int]]] = {}
+    for r, reasons in enumerate(per_rank):
+        for name, why in sorted(reasons.items()):
+            failed.setdefault(name, {}).setdefault(why, []).append(r)
+    return {
+        name: "; ".join(
+            f"group rank {ranks[0]}: {why}" if len(ranks) == 1 else f"group ranks {ranks}: {why}"
+            for why, ranks in by_reason.items()
+        )
+        for name, by_reason in failed.items()
+    }
+
+
+def settle_key(
+    session: GroupSession, key: str, winner: str, op: str, environment: dict[str, Any]
+) -> str:
     """Publish ``winner`` as the group's decision for ``key``; the stored decision.
 
     The first decision stored for a key is the group's: a rank whose proposal lost
     (another session of the group decided the key first) takes the stored one, as
-    every other rank does.
+    every other rank does. ``environment`` (runtime/collective_decisions) is the one
+    the decision holds in; the graph's cache entry records it.
     """
     stored = session.settled.get(key)
     if stored is None:
@@ -380,7 +410,8 @@ def settle_key(session: GroupSession, key: str, winner: str, op: str) -> str:
     # Replayed from the cache entry on a hit: the cache gate reads it there.
     from torch._dynamo.utils import counters
 
-    counters["inductor"][_SITE_COUNTER + json.dumps([session.group.group_name, session.plan, key, stored, op])] += 1
+    site = [session.group.group_name, session.plan, key, stored, op, environment]
+    counters["inductor"][_SITE_COUNTER + json.dumps(site, sort_keys=True)] += 1
     return stored
 
 
@@ -393,6 +424,41 @@ def _decode_report(raw: str) -> SiteReport:
     return SiteReport(d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"])
 
 
+# -- choices that race with their own collectives ---------------------------------------
+
+
+def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
+    """Why ``gm`` (a choice's traced implementation) reads what one of its collectives
+    writes before waiting for it, or "".
+
+    A functional collective only issues the communication; its output (for an in-place
+    one, its input too) holds the result once ``wait_tensor`` returned. Read earlier,
+    it holds whatever the communication wrote so far: a result that differs from run
+    to run and from rank to rank, which no correctness screen can catch reliably.
+    """
+    if gm is None:
+        return ""
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "_c10d_functional" or target is wait:
+            continue
+        written = [node]
+        if target._schema.is_mutable:  # all_reduce_ and the like write their input too
+            written += [a for a in node.args if isinstance(a, torch.fx.Node)]
+        for tensor in written:
+            for user in tensor.users:
+                if user is not node and user.target is not wait and order[user] > order[node] and not any(
+                    w.target is wait and order[w] < order[user] for w in node.users
+                ):
+                    return (
+                        f"reads the output of {target.name()} before wait_tensor (in {user.name}): "
+                        "its result races with the communication"
+                    )
+    return ""
+
+
 # -- the FX-graph cache gate ---------------------------------------------------------
 
 
@@ -400,9 +466,11 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
     """Whether a cache hit whose compile made ``counter_deltas`` may be used.
 
     True for graphs without collective decisions. Otherwise every inlined decision
-    must be the group's: already decided so in this job, or loaded identically by
-    every rank of the group (one session per group). A hit that fails this is a
-    miss, and the session it joined passes on to the compile that follows.
+    must be the group's: already decided so in this job, or made for the group's
+    current environment (size, backend, device model, interconnect, NVLS, torch and
+    NCCL versions) and loaded identically by every rank of the group (one session
+    per group). A hit that fails this is a miss, and the session it joined passes on
+    to the compile that follows.
     """
     from torch._inductor import config
 
@@ -414,12 +482,11 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
     if not (dist.is_available() and dist.is_initialized()) or config.collective_autotune_retune:
         return False
     for (group_name, plan), inlined in sorted(sites.items()):
-        embedded = {key: winner for key, (winner, _) in inlined.items()}
+        embedded = {key: winner for key, (winner, _, _) in inlined.items()}
         group = _resolve(group_name)
         if group is None:
             return False
-        store = dist.distributed_c10d._get_default_store()
-        decisions = GroupDecisions(store, group_name)
+        decisions = group_decisions(group, timeout)
         current = {key: decisions.get(key) for key in embedded}
         if all(v is not None for v in current.values()):
             if current != embedded:
@@ -429,7 +496,12 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
         pending = _pending.get((group_name, plan))
         if pending is not None:  # this hit's graph was already decided to be compiled
             return False
-        joined = _join(group, plan, timeout, loaded=digest(sorted(embedded.items())))
+        foreign = [env for _, _, env in inlined.values() if env != current_environment(group, env)]
+        if foreign:
+            # This rank cannot use the hit; joining with nothing loaded tells its peers.
+            log.info("a cached graph inlines decisions made in %s: compiling it", foreign[0])
+        loaded = "" if foreign else digest(sorted(embedded.items()))
+        joined = _join(group, plan, timeout, loaded=loaded)
         if joined.decision.kind != "load":
             log.info("cached graph not loaded: %s", joined.decision.reason)
             if joined.votes:
@@ -439,17 +511,22 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
             return False
     from torch._inductor.kernel.collective_autotuning import note_cached_sites
 
-    note_cached_sites([(g, p, k, w, op) for (g, p), e in sorted(sites.items()) for k, (w, op) in e.items()])
+    note_cached_sites([(g, p, k, w, op) for (g, p), e in sorted(sites.items()) for k, (w, op, _) in e.items()])
     return True
 
 
-def _inlined_decisions(counter_deltas: Any) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
-    """(group, plan) -> key -> (winner, op), as the graph's compile recorded them."""
-    sites: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+_Inlined = dict[tuple[str, str], dict[str, tuple[str, str, dict[str, Any]]]]
+
+
+def _inlined_decisions(counter_deltas: Any) -> _Inlined:
+    """(group, plan) -> key -> (winner, op, environment), as the graph's compile
+    recorded them. An entry of an older format (no environment) is foreign to every
+    environment."""
+    sites: _Inlined = {}
     for name in counter_deltas or ():
         if isinstance(name, str) and name.startswith(_SITE_COUNTER):
-            group, plan, key, winner, op = json.loads(name[len(_SITE_COUNTER):])
-            sites.setdefault((group, plan), {})[key] = (winner, op)
+            group, plan, key, winner, op, *env = json.loads(name[len(_SITE_COUNTER):])
+            sites.setdefault((group, plan), {})[key] = (winner, op, env[0] if env else {})
     return sites
 
 
@@ -478,6 +555,28 @@ def install_cache_gate() -> None:
         return original(graph, cache_info, constants)
 
     FxGraphCache.cache_hit_post_compile = staticmethod(cache_hit_post_compile)  # type: ignore[method-assign]
+
+
+@functools.lru_cache(None)
+def install_liveness() -> None:
+    """Beat (runtime/collective_protocol.Liveness) while Dynamo compiles a frame or a
+    lazy backward: a peer's sessions may wait for this compile, and must, as long as
+    it goes on. Dynamo runs these callbacks for the outermost compile only."""
+    from torch._dynamo.callback import callback_handler
+
+    compiling: list[Any] = []
+
+    def start(args: Any = None) -> None:
+        # (older Dynamo calls its callbacks without arguments)
+        compiling.append(liveness.working(f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()))
+        compiling[-1].__enter__()
+
+    def end(args: Any = None) -> None:
+        if compiling:
+            compiling.pop().__exit__(None, None, None)
+
+    callback_handler.register_start_callback(start)
+    callback_handler.register_end_callback(end)
 
 
 def op_name(op: Any) -> str:

@@ -48,7 +48,7 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 
-from .collective_protocol import CollectiveAutotuneError, Deadline
+from .collective_protocol import CollectiveAutotuneError, Deadline, liveness
 
 
 if TYPE_CHECKING:
@@ -287,8 +287,9 @@ class CollectiveBenchmarker:
         each screened call, or it is dropped on every rank. Candidates in ``keep``
         are timed to the end even when clearly slower (a threshold compares them).
         """
+        doing = f"benchmarking {', '.join(c.name for c in candidates)}"
         try:
-            with self._on_device(), _bounded_group_timeout(
+            with liveness.working(doing), self._on_device(), _bounded_group_timeout(
                 self.process_group, self.settings.timeout
             ):
                 phases = [time.perf_counter()]
@@ -367,7 +368,7 @@ class CollectiveBenchmarker:
                     raise CollectiveAutotuneError(
                         f"choice {name} raised on some ranks of the group only: {_describe(mine)}"
                     )
-                status[i] = "ok" if all(o == "ok" for o in mine) else _describe(mine)
+                status[i] = "ok" if all(o == "ok" for o in mine) else _rejection(mine)
             remaining = remaining[len(outcomes):]
         ordered = [status[i] for i in range(len(candidates))]
         return ordered, [t if s == "ok" else math.inf for t, s in zip(first_call_us, ordered)]
@@ -746,6 +747,19 @@ def _screen(out: Any, reference: torch.Tensor) -> str:
 def _describe(reports: list[str]) -> str:
     """The group ranks' reports that are not "ok", one clause each."""
     return "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o != "ok")
+
+
+def _rejection(reports: list[str]) -> str:
+    """Why the group drops a screened choice: each rank that rejected it, how far off
+    it was there, and the ranks that accepted it."""
+    accepted = [r for r, o in enumerate(reports) if o == "ok"]
+    if not accepted:
+        return f"rejected by every rank: {_describe(reports)}"
+    return (
+        f"rejected by group ranks {[r for r, o in enumerate(reports) if o != 'ok']} "
+        f"({_describe(reports)}), accepted by group ranks {accepted}: a result that differs "
+        "between ranks suggests it reads data before a collective completed"
+    )
 
 
 def _model_runs_under_cuda_graphs() -> bool:

@@ -60,17 +60,39 @@ class StoredDecision:
 
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
     """What a measurement depends on beyond the op and its shapes."""
-    import torch.distributed as dist
-
-    env: dict[str, Any] = {
-        "group_size": group.size(),
-        "torch": torch.__version__,
-        "device": device.type,
-        "backend": str(dist.get_backend(group)),
-    }
+    env: dict[str, Any] = {**_group_environment(group), "device": device.type}
     if device.type == "cuda":
         env.update(_cuda_environment(device.index or 0))
     return env
+
+
+def current_environment(group: ProcessGroup, made_in: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The environment of ``group`` today on the kind of device of ``made_in`` (an
+    environment recorded with a decision), or None where there is no such device."""
+    device_type = made_in.get("device")
+    if device_type is None:
+        return None
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return environment(group, torch.device("cuda", torch.cuda.current_device()))
+    return environment(group, torch.device(str(device_type)))
+
+
+def group_scope(group: ProcessGroup) -> str:
+    """A digest of what every decision of ``group`` depends on, whatever its devices:
+    the decisions a group keeps in the Store for the job are kept under it."""
+    return _digest(_group_environment(group))
+
+
+def _group_environment(group: ProcessGroup) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    return {
+        "group_size": group.size(),
+        "torch": torch.__version__,
+        "backend": str(dist.get_backend(group)),
+    }
 
 
 @functools.lru_cache(None)

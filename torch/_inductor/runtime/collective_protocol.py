@@ -31,34 +31,52 @@ A session's joins and decision stay in the Store for the job (a rank arriving la
 must read them); the votes of a topic are deleted by the last rank that reads them.
 
 What a session decides about each key (op, shapes, choices, timing mode) becomes the
-group's decision for that key, kept under ``decided/<key>`` for the rest of the job:
-the first value stored wins (compare_set) and every rank adopts the stored one, so
-later graphs and recompiles reuse it without benchmarking, identically everywhere.
+group's decision for that key, kept under ``decided/<scope>/<key>`` for the rest of
+the job, where ``scope`` digests the group's environment (size, backend, torch
+version): a group of another environment never reads it. The first value stored
+wins (compare_set) and every rank adopts the stored one, so later graphs and
+recompiles reuse it without benchmarking, identically everywhere.
 
-Deadlines (each is ``timeout`` seconds, ``collective_benchmark_timeout``):
+Deadlines bound *silence*, not work. A rank that works on something its peers may
+wait for beats (Liveness): while Dynamo compiles a graph (which covers tracing and
+lowering the choices), while it compiles a key's choices, while it benchmarks. Its
+heartbeat ``alive/<global rank>`` says what it is doing. A rank waiting in the Store
+is silent. Each wait below ends ``timeout`` seconds (``collective_benchmark_timeout``)
+after the last progress it saw, a new heartbeat of a rank of its group (Silence),
+and checks it at least every ``_BEAT_S``; so a dead rank, or one silent for the
+timeout, ends every wait on it within ``timeout + _BEAT_S`` (plus a poll), and the
+message names it and what it was last heard doing:
 
-    * JOIN/DECIDE: from this rank's arrival. A rank arriving later reads the decision
-      and follows it at once, without a wait of its own.
-    * VOTE: from the moment this rank posts its own outcome. A rank that cannot vote
-      in time (blocked in a device collective, or dead) makes the session fail with
-      a CollectiveAutotuneError on every rank that can still vote.
-    * Waiting for a key that a session decided but has not published: ``timeout``,
-      then the op's own implementation is proposed (compare_set) and the stored value
-      adopted.
-    * Device work of the benchmark (collective_benchmarking) is bounded by the same
-      timeout, and ends in ABORT when it passes.
+    * JOIN/DECIDE: progress = a heartbeat of the group. Past the deadline the waiter
+      proposes a fallback; a rank arriving later reads the decision and follows it
+      at once, without a wait of its own.
+    * VOTE: progress = a heartbeat of the group. Past the deadline the session fails
+      with a CollectiveAutotuneError on every rank that can still vote; an ABORT
+      posted meanwhile ends the wait at once.
+    * Waiting for a key that a session decided but has not published: progress = a
+      heartbeat of the group; past the deadline the op's own implementation is
+      proposed (compare_set) and the stored value adopted.
+    * Device work of the benchmark (collective_benchmarking) is bounded by
+      ``timeout`` from its start, whatever the heartbeats say (a rank blocked in a
+      device collective beats on), and ends in ABORT when it passes.
 
-Keys live under ``collective_autotune/<group name>/`` of the default store.
+A live rank that keeps compiling is waited for as long as it does: the timeout turns
+a dead or stuck peer into a clear error, it does not cap a peer's compile time.
+
+Keys live under ``collective_autotune/<group name>/`` of the default store, the
+heartbeats under ``collective_autotune/alive/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import logging
+import threading
 import time
-from typing import Any, Callable, Optional, TYPE_CHECKING
+from typing import Any, Callable, Iterator, Optional, Sequence, TYPE_CHECKING
 
 
 if TYPE_CHECKING:
@@ -113,6 +131,156 @@ class Deadline:
         return time.monotonic() >= self._end
 
 
+# -- liveness ---------------------------------------------------------------------------
+
+# How often a working rank beats, and how often a waiter looks at its peers' beats:
+# small against any sensible timeout, rare enough not to load the store.
+_BEAT_S = 0.25
+
+
+class Liveness:
+    """This process's heartbeat in the Store, so that its peers wait for it as long as
+    it works and no longer.
+
+    While the process does something its peers may wait for (compiling a graph, the
+    choices of a key, benchmarking), a daemon thread bumps
+    ``collective_autotune/alive/<global rank>`` every ``_BEAT_S`` with what it is
+    doing. While it waits for its peers itself it is silent: a wait is no progress,
+    so two ranks that wait for each other (in different sessions) cannot keep each
+    other waiting forever. A dead process stops beating at once.
+
+    The thread has a Store client of its own (``Store.clone``): a blocking call of the
+    main thread on the shared client would otherwise hold up the beats.
+    """
+
+    def __init__(self) -> None:
+        self._doing: list[str] = []
+        self._waiting = 0
+        self._thread: Optional[threading.Thread] = None
+
+    @contextlib.contextmanager
+    def working(self, doing: str) -> Iterator[None]:
+        """Beat, saying ``doing``, while the block runs (nested: the innermost says)."""
+        self._start()
+        self._doing.append(doing)
+        try:
+            yield
+        finally:
+            self._doing.pop()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """No beats while the block waits for peers."""
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        default = dist.distributed_c10d._get_default_store()
+        # (a Store without clone is shared: its clients serialise their operations)
+        store = default.clone() if hasattr(default, "clone") else default
+        key = _alive_key(dist.get_rank())
+        self._thread = threading.Thread(
+            target=self._beat, args=(store, key), name="collective-autotune-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def _beat(self, store: Store, key: str) -> None:
+        beats = 0
+        while True:
+            # Read once: the main thread changes these between the two reads.
+            doing, waiting = self._doing[-1:], self._waiting
+            if doing and not waiting:
+                beats += 1
+                try:
+                    store.set(key, json.dumps({"beat": beats, "doing": doing[0]}))
+                except Exception:  # noqa: BLE001 - the store is gone with its group
+                    self._thread = None  # a later process group gets a new thread
+                    return
+            time.sleep(_BEAT_S)
+
+
+liveness = Liveness()
+
+
+def _alive_key(global_rank: int) -> str:
+    return f"{_NAMESPACE}/alive/{global_rank}"
+
+
+class Silence(Deadline):
+    """A deadline ``seconds`` after the last progress of the ranks waited for.
+
+    Progress is a new heartbeat of any of ``members`` (the group's global ranks, in
+    group rank order; the waiter itself is silent while it waits); so a peer that
+    works (compiles, benchmarks) keeps the wait alive, and one that is dead, or
+    silent for ``seconds``, ends it.
+    """
+
+    def __init__(self, seconds: float, store: Store, members: Sequence[int]) -> None:
+        super().__init__(seconds)
+        self._store = store
+        # The global rank of each group rank.
+        self._members = list(members)
+        # The first look, a beat later: most waits end before it and cost no reads.
+        self._next_look = time.monotonic() + _BEAT_S
+        # The beats seen at the first look, then the latest: a beat that differs (a
+        # first one included) is progress.
+        self._last: Optional[dict[int, dict[str, Any]]] = None
+        self._seen_at: dict[int, float] = {}
+
+    def remaining(self) -> float:
+        self._look()
+        return super().remaining()
+
+    def expired(self) -> bool:
+        self._look()
+        return super().expired()
+
+    def _look(self) -> None:
+        now = time.monotonic()
+        if now < self._next_look:
+            return
+        self._next_look = now + _BEAT_S
+        beats = _heartbeats(self._store, self._members)
+        if self._last is None:
+            self._last, self._seen_at = beats, dict.fromkeys(beats, now)
+            return
+        for rank, beat in beats.items():
+            if beat != self._last.get(rank):
+                self._end = max(self._end, now + self.seconds)
+                self._last[rank], self._seen_at[rank] = beat, now
+
+    def last_heard(self, group_ranks: Sequence[int]) -> str:
+        """Where each of ``group_ranks`` was when last heard of, for an error message."""
+        now = time.monotonic()
+        parts = []
+        for r in group_ranks:
+            beat = (self._last or {}).get(self._members[r])
+            if beat is None:
+                parts.append(f"group rank {r} never reported progress")
+            else:
+                parts.append(
+                    f"group rank {r} was last heard {now - self._seen_at[self._members[r]]:.1f} s "
+                    f"ago (or earlier), {beat['doing']}"
+                )
+        return "; ".join(parts)
+
+
+def _heartbeats(store: Store, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
+    keys = {r: _alive_key(r) for r in ranks}
+    present = [r for r, k in keys.items() if store.check([k])]
+    raw = store.multi_get([keys[r] for r in present]) if present else []
+    return {r: json.loads(v) for r, v in zip(present, raw)}
+
+
 def _group_store(store: Store, group_name: str, suffix: str) -> Store:
     import torch.distributed as dist
 
@@ -120,10 +288,19 @@ def _group_store(store: Store, group_name: str, suffix: str) -> Store:
 
 
 class GroupDecisions:
-    """The group's decision for each key, kept in the Store for the job."""
+    """The group's decision for each key, kept in the Store for the job.
 
-    def __init__(self, store: Store, group_name: str) -> None:
-        self._store = _group_store(store, group_name, "decided")
+    Kept under the group's ``scope`` (a digest of its environment: size, backend,
+    versions), so that no group of another environment ever reads them.
+    """
+
+    def __init__(
+        self, store: Store, group_name: str, members: Sequence[int], scope: str, timeout: float
+    ) -> None:
+        self._store = _group_store(store, group_name, f"decided/{scope}")
+        self._root = store
+        self._members = list(members)
+        self._timeout = timeout
 
     def get(self, key: str) -> Optional[str]:
         return self._store.get(key).decode() if self._store.check([key]) else None
@@ -132,9 +309,11 @@ class GroupDecisions:
         """Propose ``value`` for ``key``; the value stored first, which every rank uses."""
         return self._store.compare_set(key, "", value).decode()
 
-    def wait(self, key: str, deadline: Deadline) -> Optional[str]:
-        """The decision for ``key`` once published, or None if ``deadline`` passes."""
-        return self.get(key) if _poll(self._store, [key], deadline) else None
+    def wait(self, key: str) -> Optional[str]:
+        """The decision for ``key`` once published, or None if the group was silent
+        for ``timeout`` before (any of its ranks may be the one that publishes)."""
+        silence = Silence(self._timeout, self._root, self._members)
+        return self.get(key) if _poll(self._store, [key], silence) else None
 
 
 class CollectiveSession:
@@ -146,13 +325,16 @@ class CollectiveSession:
         group_name: str,
         session_key: str,
         rank: int,
-        world_size: int,
+        members: Sequence[int],
         timeout: float,
     ) -> None:
         self.rank = rank
-        self.world_size = world_size
+        # The global rank of each group rank, whose heartbeats the waits watch.
+        self.members = list(members)
+        self.world_size = len(self.members)
         self.timeout = timeout
         self.key = session_key
+        self._root = store
         self._store = _group_store(store, group_name, f"session/{session_key}")
         self._topic_prefix = ""
         # Whether this rank joined before the decision was taken (it did not merely
@@ -172,9 +354,9 @@ class CollectiveSession:
         ``decide`` maps every rank's join (in group rank order) to a decision; it runs
         on the rank whose arrival completes the group. ``fallback`` turns the reason
         why the group did not assemble into a decision; it runs on a rank whose
-        deadline passed. Waits at most ``timeout`` seconds from now.
+        deadline passed. Waits until the ranks not yet here were silent for
+        ``timeout`` seconds.
         """
-        deadline = Deadline(self.timeout)
         late = self._read("decision")
         if late is not None:
             log.info(
@@ -193,7 +375,8 @@ class CollectiveSession:
             ]
             return self._settle(decide(joins))
         # Wait for the rank that completes the group to publish the decision.
-        if _poll(self._store, ["decision"], deadline):
+        silence = self._silence()
+        if _poll(self._store, ["decision"], silence):
             return Decision.decode(self._store.get("decision"))
         absent = [
             r
@@ -203,7 +386,8 @@ class CollectiveSession:
         return self._settle(
             fallback(
                 f"group ranks {absent} did not arrive within {self.timeout:g} s "
-                "(collective_benchmark_timeout)"
+                f"(collective_benchmark_timeout) of their last sign of progress: "
+                f"{silence.last_heard(absent)}"
             )
         )
 
@@ -217,19 +401,21 @@ class CollectiveSession:
     def vote(self, topic: str, outcome: str) -> list[str]:
         """Post this rank's ``outcome`` for ``topic``; return every rank's outcome.
 
-        Waits at most ``timeout`` seconds; raises CollectiveAutotuneError naming the
-        ranks that did not vote and what the others reported. The last rank to read
-        a topic's votes deletes them.
+        Waits until the ranks that did not vote were silent for ``timeout`` seconds
+        (a rank that works, compiling or benchmarking, beats); then raises
+        CollectiveAutotuneError naming them, where they were last heard of, and
+        what the others reported. The last rank to read a topic's votes deletes them.
         """
         keys = self._vote_keys(topic)
         self._store.set(keys[self.rank], outcome)
-        if not _poll(self._store, keys, Deadline(self.timeout), self.check_abort):
+        silence = self._silence()
+        if not _poll(self._store, keys, silence, self.check_abort):
             missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
             raise CollectiveAutotuneError(
-                f"{topic}: group ranks {missing} did not report within "
-                f"{self.timeout:g} s (collective_benchmark_timeout); they are blocked "
-                f"in a device collective or gone. Reports received: "
-                f"{self.peer_reports(topic)}"
+                f"{topic}: group ranks {missing} did not report and were silent for "
+                f"{self.timeout:g} s (collective_benchmark_timeout); they are gone, or "
+                f"stuck in a device collective. {silence.last_heard(missing)}. "
+                f"Reports received: {self.peer_reports(topic)}"
             )
         outcomes = [raw.decode() for raw in self._store.multi_get(keys)]
         read = f"read/{self._topic_prefix}{topic}"
@@ -271,6 +457,9 @@ class CollectiveSession:
 
     # -- helpers ----------------------------------------------------------------
 
+    def _silence(self) -> Silence:
+        return Silence(self.timeout, self._root, self.members)
+
     @staticmethod
     def _join_key(rank: int) -> str:
         return f"join/{rank}"
@@ -297,18 +486,20 @@ def _poll(
     deadline: Deadline,
     check_abort: Optional[Callable[[], None]] = None,
 ) -> bool:
-    """True once all ``keys`` exist; False if ``deadline`` passes first."""
+    """True once all ``keys`` exist; False if ``deadline`` passes first. This rank is
+    silent meanwhile: waiting is no progress."""
     global _waited_s
     began = time.monotonic()
     interval = _POLL_MIN_S
     try:
-        while not store.check(keys):
-            if check_abort is not None:
-                check_abort()
-            if deadline.expired():
-                return False
-            time.sleep(min(interval, deadline.remaining()))
-            interval = min(interval * 1.5, _POLL_MAX_S)
-        return True
+        with liveness.waiting():
+            while not store.check(keys):
+                if check_abort is not None:
+                    check_abort()
+                if deadline.expired():
+                    return False
+                time.sleep(min(interval, deadline.remaining()))
+                interval = min(interval * 1.5, _POLL_MAX_S)
+            return True
     finally:
         _waited_s += time.monotonic() - began
