@@ -80,6 +80,29 @@ def test_a_later_graph_reuses_the_group_decision_without_benchmarking(device):
     assert second.session != a["first"][0].session  # another graph, its own session
 
 
+def neighbours_body(r: Rank) -> list:
+    register_two_choices()
+    group = r.group.group_name
+
+    def f(x):
+        fused = ops.all_reduce(torch.relu(x), group) * 2  # a pointwise producer and user
+        alone = ops.all_reduce(x, group)  # a graph input, returned
+        return fused, alone
+
+    return compile_and_check(f, torch.randn(8, 16, device=r.device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_site_is_timed_with_the_pointwise_work_it_fuses_with(device):
+    # The same op and shapes, once between pointwise neighbours and once alone: two
+    # keys, each benchmarked as it runs in the model, and the compiled graph is right.
+    a, b = assert_all_ok(run_ranks(2, neighbours_body, device=device))
+    assert a == b
+    assert sorted(r.timed_with for r in a) == ["none", "producer+consumer"]
+    assert [r.source for r in a] == ["benchmark", "benchmark"]
+    assert len({r.key for r in a}) == 2 and len({r.session for r in a}) == 1
+
+
 # -- decisions kept on disk across restarts ---------------------------------------------------
 
 

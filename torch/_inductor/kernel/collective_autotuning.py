@@ -28,6 +28,12 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 import torch
 from torch._dispatch.python import no_python_dispatcher
 from torch._inductor.kernel import collective_dispatch, collective_graph
+from torch._inductor.kernel.collective_choice_modules import (
+    compiled_module,
+    implementation_of,
+    Neighbours,
+    neighbours_of_site,
+)
 from torch._inductor.kernel.collective_graph import digest, GROUP_ARGUMENTS, op_name, SiteReport
 from torch._inductor.runtime.collective_benchmarking import (
     benchmark_device,
@@ -90,8 +96,11 @@ class CollectiveAutotuneRecord:
     # Choices are named by their implementation and parameters, e.g.
     # "chunked_all_reduce(chunks=4)"; the op's own implementation is "default".
     winner: str
-    # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager".
+    # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager",
+    # and the pointwise neighbours each choice was timed with ("producer+consumer",
+    # "none"; collective_choice_modules).
     mode: str = ""
+    timed_with: str = ""
     # Seconds this rank waited for its peers (to arrive, to vote), spent compiling
     # choices, and spent otherwise on the decision (its own votes and the benchmark).
     waited_s: float = dataclasses.field(default=0.0, compare=False)
@@ -147,7 +156,8 @@ def prepare_choices(
     """Ready an op's inputs and implementations before its choices are traced.
 
     Inputs are realized: an unrealized (pointwise) input has no strides for the
-    layout inference of the choices. Each implementation is guarded: one that raises
+    layout inference of the choices. What the call site fuses with in the model is
+    read first: the choices are timed with it. Each implementation is guarded: one that raises
     while traced (a capability check, say) is traced as the op itself instead and
     marked, so that the choice list stays the same on every rank and the group drops
     that choice everywhere, naming the rank and the reason, instead of this rank
@@ -161,6 +171,7 @@ def prepare_choices(
     from torch._inductor.ir import TensorBox
 
     _prepared.pop(name, None)  # an earlier compile's, whatever this one finds
+    neighbours = neighbours_of_site(inputs, collective_dispatch.is_range(name))
     for inp in inputs:
         if isinstance(inp, TensorBox):
             inp.realize()
@@ -168,7 +179,8 @@ def prepare_choices(
     labels = [_label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
     keep = list(range(len(decompositions)))
     winner = _decided_before_tracing(
-        name, labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs
+        name, labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs,
+        neighbours,
     )
     traced = [_guarded(d, op) for d in decompositions]
     if winner is not None:
@@ -197,11 +209,12 @@ def _the_op_itself(op: Any, schema: set[str]) -> Callable[..., Any]:
 @dataclasses.dataclass(frozen=True)
 class _Prepared:
     """An op about to be tuned, as prepare_choices saw it before it traced only the
-    winner of a decided key: the key, every choice, and why a decision was taken
-    before tracing ("" for a decision the group made)."""
+    winner of a decided key: the key, every choice, what the site fuses with, and why
+    a decision was taken before tracing ("" for a decision the group made)."""
 
     key: str
     labels: tuple[str, ...]
+    neighbours: Neighbours
     source: str = ""
     reason: str = ""
     # A ladder range's: the winner of the range just below (once decided), and its top size.
@@ -219,6 +232,7 @@ def _decided_before_tracing(
     non_tensor_args: Sequence[dict[str, Any]],
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
+    neighbours: Neighbours,
 ) -> Optional[str]:
     """The group's decision for this call site's key if it is known already (a read
     of the Store, no waiting), for ops whose name or arguments say they communicate."""
@@ -244,7 +258,7 @@ def _decided_before_tracing(
     labels = (*labels, DEFAULT)
 
     def key_of(site: str) -> str:
-        return _site_key(site, inputs, labels, mode, min_speedup_threshold)
+        return _site_key(site, inputs, labels, mode, min_speedup_threshold, neighbours)
 
     decisions = collective_graph.group_decisions(group, settings.timeout)
     key = key_of(name)
@@ -255,9 +269,11 @@ def _decided_before_tracing(
     # Every rank interpolates alike, whoever published first.
     between = collective_dispatch.interpolated(name, decided)
     if between is not None:
-        _prepared[name] = _Prepared(key, labels, "ladder", between[1])
+        _prepared[name] = _Prepared(key, labels, neighbours, "ladder", between[1])
         return decisions.publish(key, between[0])
-    _prepared[name] = _Prepared(key, labels, below=collective_dispatch.decided_below(name, decided))
+    _prepared[name] = _Prepared(
+        key, labels, neighbours, below=collective_dispatch.decided_below(name, decided)
+    )
     return decisions.get(key)
 
 
@@ -524,7 +540,8 @@ def select_collective_choice(
     settings = BenchmarkSettings.from_config()
     device = benchmark_device(layout.device)
     mode = _timing_mode(settings, device, benchmark_with_cudagraphs)
-    key = prepared.key if prepared else _site_key(name, input_nodes, labels, mode, min_speedup_threshold)
+    neighbours = _timed_with(prepared.neighbours if prepared else Neighbours(), choices)
+    key = prepared.key if prepared else _site_key(name, input_nodes, labels, mode, min_speedup_threshold, neighbours)
     session = collective_graph.session_for(process_group, settings.timeout)
     counters["inductor"]["collective_autotune_sites"] += 1
 
@@ -549,7 +566,7 @@ def select_collective_choice(
         begin = time.monotonic()
         failures = {
             label: why for label, c in by_label.items()
-            if not _trace_failure(c) and (why := _build(name, c, device))
+            if not _trace_failure(c) and (why := _build(name, c, device, neighbours))
         }
         build_s = time.monotonic() - begin
         return failures
@@ -568,7 +585,7 @@ def select_collective_choice(
             timings = tuple(
                 _benchmark(selector, by_label, picked, input_nodes, layout, input_gen_fns,
                            process_group, settings, mode, voting.session.scoped(key),
-                           keep_default=min_speedup_threshold > 1.0)
+                           keep_default=min_speedup_threshold > 1.0, neighbours=neighbours)
             )
         winner, picked_because = _pick(
             picked, timings, min_speedup_threshold, prepared.below if prepared else None
@@ -598,6 +615,7 @@ def select_collective_choice(
         timings=timings,
         winner=winner,
         mode=mode,
+        timed_with=str(neighbours) if timings else "",
         waited_s=waited_s,
         build_s=build_s,
         tuning_s=time.monotonic() - started - build_s - waited_s,
@@ -747,13 +765,14 @@ def _benchmark(
     mode: str,
     session: CollectiveSession,
     keep_default: bool,
+    neighbours: Neighbours,
 ) -> list[ChoiceTiming]:
     choices = [by_label[n] for n in names]
     args = selector.get_inputs(choices, input_nodes, layout, input_gen_fns)
     inputs, _ = args.get_benchmark_tensors(False).unpack()
     inputs = list(inputs)
     # Vote topics carry these names, so they must be the same on every rank.
-    candidates = [Candidate(n, _runner(c, inputs)) for n, c in zip(names, choices)]
+    candidates = [Candidate(n, _runner(c, inputs, neighbours)) for n, c in zip(names, choices)]
     if any(_uses_symmetric_memory(c) for c in choices):
         if not _move_to_symmetric_memory(inputs, process_group, session):
             candidates = [
@@ -774,10 +793,13 @@ def _benchmark(
     )
 
 
-def _runner(choice: ChoiceCaller, inputs: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """One call of ``choice`` on ``inputs``, returning its output."""
+def _runner(
+    choice: ChoiceCaller, inputs: list[torch.Tensor], neighbours: Neighbours
+) -> Callable[[], torch.Tensor]:
+    """One call of ``choice`` on ``inputs`` with ``neighbours`` around it, returning
+    its output."""
     module = getattr(choice, "_compiled_module", None)
-    if module is not None:  # a subgraph choice, compiled by _build
+    if module is not None:  # a subgraph choice, compiled by _build with its neighbours
         sym_inputs = list(choice.sym_input_values)  # type: ignore[attr-defined]
         return lambda: module.call([*sym_inputs, *inputs])[0]
     kernel = choice.to_callable()
@@ -789,27 +811,35 @@ def _runner(choice: ChoiceCaller, inputs: list[torch.Tensor]) -> Callable[[], to
             device=choice.layout.device,
         )
 
-        def run_out() -> torch.Tensor:
-            kernel(*inputs, out=out)
+        def call(*args: torch.Tensor) -> torch.Tensor:
+            kernel(*args, out=out)
             return out
 
-        return run_out
-    return lambda: kernel(*inputs)
+    else:
+        call = kernel
+    # The op's own implementation runs as an opaque call in the model, its
+    # neighbours as kernels of their own: so here.
+    with_neighbours = neighbours.around(call)
+    return lambda: with_neighbours(*inputs)
 
 
-def _build(name: str, choice: ChoiceCaller, device: torch.device) -> str:
-    """Compile ``choice`` of op ``name`` for benchmarking; why it cannot run here, or ""
-    if it can."""
+def _build(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> str:
+    """Compile ``choice`` of op ``name`` for benchmarking, with ``neighbours`` fused
+    in; why it cannot run here, or "" if it can."""
     if _uses_symmetric_memory(choice) and device.type != "cuda":
         return "uses symmetric memory, which needs CUDA"
     try:
         if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
             if choice._compiled_module is None:  # type: ignore[attr-defined]
-                choice._compiled_module = (  # type: ignore[attr-defined]
-                    collective_dispatch.benchmark_module(choice)
-                    if collective_dispatch.is_range(name)
-                    else choice._compile_for_benchmarking()  # type: ignore[attr-defined]
-                )
+                if collective_dispatch.is_range(name):
+                    module = collective_dispatch.benchmark_module(choice)
+                elif neighbours != Neighbours():
+                    module = compiled_module(
+                        choice, neighbours.around(implementation_of(choice)), symbolic=False
+                    )
+                else:
+                    module = choice._compile_for_benchmarking()  # type: ignore[attr-defined]
+                choice._compiled_module = module  # type: ignore[attr-defined]
         else:
             choice.to_callable()
     except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there
@@ -855,6 +885,14 @@ def _unavailable(why: str) -> Callable[[], torch.Tensor]:
     return run
 
 
+def _timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neighbours:
+    """The neighbours to time a site's choices with: none where a choice calls
+    symmetric-memory ops in its graph, whose inputs the benchmark places in symmetric
+    memory itself (a stand-in producer's output would not be). The same on every
+    rank: it reads the traced graphs."""
+    return Neighbours() if any(_uses_symmetric_memory(c) for c in choices) else neighbours
+
+
 def _uses_symmetric_memory(choice: ChoiceCaller) -> bool:
     gm = getattr(choice, "gm", None)
     return gm is not None and any(
@@ -882,6 +920,8 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
         f"  decision: {record.decision} ({record.source}); winner: {record.winner} "
         f"({record.reason})",
     ]
+    if record.timed_with:
+        lines.append(f"  timed with its pointwise neighbours: {record.timed_with}")
     if record.timings:
         width = max(len(t.name) for t in record.timings)
         lines.append(
@@ -901,11 +941,19 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
 
 
 def _site_key(
-    name: str, inputs: Sequence[Any], labels: Sequence[str], mode: str, min_speedup_threshold: float
+    name: str,
+    inputs: Sequence[Any],
+    labels: Sequence[str],
+    mode: str,
+    min_speedup_threshold: float,
+    neighbours: Neighbours,
 ) -> str:
     """What a decision is for: the op (by its autotuning name), its inputs' sizes,
-    strides and dtypes, its choices, how they are timed, and the threshold."""
-    return digest(name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold)
+    strides and dtypes, its choices, how they are timed, the threshold, and what the
+    site fuses with (the same op may win alone and lose between pointwise neighbours)."""
+    return digest(
+        name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold, str(neighbours)
+    )
 
 
 def _node_meta(node: Any) -> str:

@@ -58,26 +58,34 @@ class Neighbours:
 
 
 def neighbours_of_site(inputs: Sequence[Any], in_size_dispatch: bool) -> Neighbours:
-    """What the call site being lowered fuses with: a pointwise producer of its first
-    input (still unrealized: nothing else forced it into a buffer), a pointwise user of
-    its result. Read before the inputs are realized; nothing inside a size dispatch."""
+    """What the call site being lowered fuses with: a pointwise kernel computing its
+    first input, a pointwise user of its result. Nothing inside a size dispatch.
+
+    The producer is found as a pointwise computation, realized or not: the custom op's
+    layout constraint realizes it as a copy before the lowering runs, and Inductor
+    still fuses that copy with an inlined choice's first pointwise step."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
     if in_size_dispatch or not inputs:
         return Neighbours()
     first = inputs[0]
-    producer = (
-        isinstance(first, ir.TensorBox)
-        and isinstance(first.data, ir.StorageBox)
-        and isinstance(first.data.data, ir.Pointwise)
-        and first.get_dtype().is_floating_point
-    )
+    storage = first.data if isinstance(first, ir.TensorBox) else None
+    computed = storage.data if isinstance(storage, ir.StorageBox) else None
+    if isinstance(computed, ir.ComputedBuffer):
+        computed = computed.data
+    producer = isinstance(computed, ir.Pointwise) and first.get_dtype().is_floating_point
     node = getattr(V.graph, "current_node", None)
     consumer = node is not None and any(
         torch.Tag.pointwise in getattr(user.target, "tags", ()) for user in node.users
     )
-    return Neighbours(bool(producer), bool(consumer))
+    return Neighbours(producer, consumer)
+
+
+def implementation_of(choice: Any) -> Callable[..., Any]:
+    """The user's implementation of a subgraph ``choice``, without the guard
+    prepare_choices put around it (a failure here falls back; it is not the choice's)."""
+    return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
 
 
 def compiled_module(choice: Any, implementation: Callable[..., Any], symbolic: bool) -> Any:
@@ -130,3 +138,4 @@ def guards_refused(shape_env: Any) -> Iterator[None]:
         yield
     finally:
         del shape_env._check_frozen
+

@@ -33,6 +33,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
+from torch._inductor.kernel.collective_choice_modules import (
+    compiled_module,
+    guards_refused,
+    implementation_of,
+)
 
 
 log = logging.getLogger(__name__)
@@ -168,7 +173,7 @@ def benchmark_module(choice: Any) -> Any:
     from torch._inductor.virtualized import V
 
     key = (
-        _implementation(choice),
+        implementation_of(choice),
         repr(sorted(choice.decomposition_kwargs.items())),
         *((str(n.get_size()), str(n.get_stride()), n.get_dtype(), n.get_device()) for n in choice.input_nodes),
     )
@@ -190,10 +195,9 @@ def _size_generic_module(choice: Any) -> Any:
     torch 2.11 traces a range's choices at the range's size, torch 2.13 on the symbolic
     sizes but afresh at every range: one trace more per implementation serves both.
     """
-    from torch._inductor.kernel.collective_choice_modules import compiled_module
 
     try:
-        return compiled_module(choice, _implementation(choice), symbolic=True)
+        return compiled_module(choice, implementation_of(choice), symbolic=True)
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",
@@ -201,12 +205,6 @@ def _size_generic_module(choice: Any) -> Any:
         )
         log.debug("no size-generic module of %s", choice.name, exc_info=True)
         return None
-
-
-def _implementation(choice: Any) -> Callable[..., Any]:
-    """The user's implementation of ``choice``, without the guard prepare_choices put
-    around it (a failure here falls back; it is not the choice's failure)."""
-    return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
 
 
 def _validate(ratio: Any, largest: Any) -> None:
@@ -293,7 +291,6 @@ def lower_size_dispatch(
     from torch._inductor.kernel.collective_autotuning import names_a_collective
     from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
     from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.kernel.collective_choice_modules import guards_refused
     from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
 
