@@ -18,13 +18,17 @@ every size, in each mode ("graph": ``mode="reduce-overhead"``, CUDA graphs; "eag
 default mode). Per mode:
 
   * dynamic: one compile with a dynamic token dimension (``maybe_mark_dynamic``,
-    ``backed_size_oblivious``), tuned at a ladder of sizes and dispatching by size;
+    ``backed_size_oblivious``; the hidden size stays static, as in a served model),
+    tuned at a ladder of sizes and dispatching by size;
   * static: the model compiled at each size alone, tuned by us (one compile per size);
   * alone: the model compiled once (dynamic) with each implementation written in
     (``one_all_reduce`` is the plain NCCL all-reduce a user would write; ``default``,
     the op's own, is the model with ``collective_autotune=False``).
 
-Each variant counts its compiles (recompiles: compiles - 1 for a dynamic variant) and
+Every variant is compiled and warmed up first; then each size's step is sampled
+round-robin over the variants (``ROUNDS`` samples of ``calls`` back-to-back calls each,
+median, slowest rank), so that a drift of the machine hits every variant alike. Each
+variant counts its compiles (recompiles: compiles - 1 for a dynamic variant) and
 Inductor's cudagraph skips (``counters["inductor"]["cudagraph_skips"]``). The dynamic
 compile's seconds are also taken with ``collective_autotune=False`` (the op's own, no
 ladder): the difference is what tuning the ladder adds to the compile.
@@ -64,6 +68,7 @@ from examples.tp_allreduce import ops  # noqa: E402
 LOSS_GOAL_PCT = {"graph": 3.0, "eager": 5.0}
 LADDER_GOAL_S = 0.5
 COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
+ROUNDS = 5  # samples per size and variant, taken round-robin over the variants
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +79,7 @@ class Bench:
     tokens: tuple[int, ...]
     dynamic_max: int
     modes: tuple[str, ...]
-    calls: int  # back-to-back calls per sample; three samples per size and variant
+    calls: int  # back-to-back calls per sample
 
 
 BENCHES = {
@@ -151,56 +156,68 @@ def first_call_s(fn: Callable, x: torch.Tensor) -> float:
     return seconds
 
 
-def step_us(fn: Callable, x: torch.Tensor, calls: int) -> float:
-    """µs per call of ``calls`` back-to-back calls, median of three samples, slowest rank."""
-    for _ in range(3):  # in graph mode: warm-up, record, replay
+def sample_us(fn: Callable, x: torch.Tensor, calls: int) -> float:
+    """µs per call of ``calls`` back-to-back calls, this rank."""
+    sweep.barrier(x.device)
+    start = time.perf_counter()
+    for _ in range(calls):
         fn(x)
-    samples = []
-    for _ in range(3):
-        sweep.barrier(x.device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(x)
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    (us,) = sweep.group_max([statistics.median(samples)], x.device)
-    return us
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 @dataclasses.dataclass
 class Variant:
-    """One way of compiling the model, measured at every size."""
+    """One way of compiling the model: the compiled model that runs each size."""
 
+    models: dict[int, Callable] = dataclasses.field(default_factory=dict)
     step_us: dict[int, float] = dataclasses.field(default_factory=dict)
     compiles: int = 0
     cudagraph_skips: int = 0
     compile_s: float = 0.0
 
 
-def measure(bench: Bench, mode: str, layers: int, all_reduce: Callable, group: dist.ProcessGroup,
-            device: torch.device, sizes: Sequence[int], dynamic: bool, check: bool) -> Variant:
-    """A fresh compile of the model (one per size unless ``dynamic``), its step at ``sizes``."""
+def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, group: dist.ProcessGroup,
+                    device: torch.device, sizes: Sequence[int], dynamic: bool, check: bool) -> Variant:
+    """A fresh compile of the model (one per size unless ``dynamic``), warmed up at ``sizes``."""
     variant = Variant()
     skips = counters["inductor"]["cudagraph_skips"]
     backends: list[CountedInductor] = []
     for tokens in sizes:
         if not backends or not dynamic:
-            torch._dynamo.reset()
+            # A module of its own: its own entry in Dynamo's cache (no reset, which
+            # would drop the variants compiled before it).
             eager = Stack(bench, layers, all_reduce, group.group_name, device)
             backends.append(CountedInductor(mode))
-            model = torch.compile(eager, backend=backends[-1], fullgraph=True, dynamic=dynamic)
+            model = torch.compile(eager, backend=backends[-1], fullgraph=True, dynamic=None if dynamic else False)
             first = token_input(bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic)
             variant.compile_s += first_call_s(model, first)
         x = token_input(bench, tokens, device, dynamic)
-        variant.step_us[tokens] = step_us(model, x, bench.calls)
+        for _ in range(3):  # in graph mode: warm-up, record, replay
+            model(x)
         if check:
             out, reference = model(x), eager(x)
             tol = 3e-2 if bench.dtype == torch.bfloat16 else 1e-4
             torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+        variant.models[tokens] = model
     variant.compiles = sum(b.compiles for b in backends)
     variant.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips
     return variant
+
+
+def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.device) -> None:
+    """Each variant's step at each size: the median of ``ROUNDS`` samples taken
+    round-robin over the variants, slowest rank."""
+    for tokens in bench.tokens:
+        x = token_input(bench, tokens, device, dynamic=False)
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(ROUNDS):
+            for name, v in variants.items():
+                samples[name].append(sample_us(v.models[tokens], x, bench.calls))
+        medians = sweep.group_max([statistics.median(samples[name]) for name in variants], device)
+        for name, us in zip(variants, medians):
+            variants[name].step_us[tokens] = us
 
 
 def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: bool) -> dict[str, Any]:
@@ -225,25 +242,26 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
     variants: dict[str, Variant] = {}
     group = fresh_group()
     with inductor_config.patch(collective_autotune=False):
-        untuned = measure(bench, mode, layers, ops.all_reduce, group, device, bench.tokens[:1], True, False)
+        untuned = compile_variant(bench, mode, layers, ops.all_reduce, group, device, bench.tokens[:1], True, False)
     group = fresh_group()
     first_record = len(collective_autotune_records())
-    variants["dynamic"] = measure(bench, mode, layers, ops.all_reduce, group, device, bench.tokens, True, True)
+    variants["dynamic"] = compile_variant(bench, mode, layers, ops.all_reduce, group, device, bench.tokens, True, True)
     # Each range's decision where it was made (later layers reuse it).
     ladder = list({
         r.op.rsplit("_range_", 1)[1]: (r.op.rsplit("_range_", 1)[1], r.winner, r.source)
         for r in reversed(collective_autotune_records()[first_record:]) if r.group_name == group.group_name
     }.values())
-    log("dynamic", variants["dynamic"])
     if rank0:
         print(f"[{mode}] ladder: {ladder}", flush=True)
-    variants["static"] = measure(bench, mode, layers, ops.all_reduce, fresh_group(), device, bench.tokens, False, False)
-    log("static", variants["static"])
+    variants["static"] = compile_variant(bench, mode, layers, ops.all_reduce, fresh_group(), device, bench.tokens,
+                                         False, False)
     for name in (*bench.implementations, "default"):
         with inductor_config.patch(collective_autotune=name != "default"):
-            variants[name] = measure(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
-                                     bench.tokens, True, False)
-        log(name, variants[name])
+            variants[name] = compile_variant(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
+                                             bench.tokens, True, False)
+    measure_steps(bench, variants, device)
+    for name, variant in variants.items():
+        log(name, variant)
 
     rows = []
     for tokens in bench.tokens:
@@ -283,6 +301,8 @@ def run(args: argparse.Namespace) -> None:
         bench = dataclasses.replace(bench, modes=tuple(args.modes.split(",")))
     ops.register(bench.implementations)
     torch.fx.experimental._config.backed_size_oblivious = True  # one graph for 1 .. max
+    # Every variant's compiles stay in Dynamo's cache until they are measured.
+    torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 1024
     inductor_config.collective_autotune_dynamic_max = bench.dynamic_max
     rank0 = dist.get_rank() == 0
     result = {
