@@ -34,7 +34,35 @@ from torch._inductor.kernel.collective_choice_modules import (
     Neighbours,
     neighbours_of_site,
 )
-from torch._inductor.kernel.collective_graph import digest, GROUP_ARGUMENTS, op_name, SiteReport
+from torch._inductor.kernel.collective_choices import (
+    choice_label,
+    complete_default_choice,
+    DEFAULT,
+    guarded_implementation,
+    label,
+    needs_symmetric_memory,
+    RangeWinner,
+    schema_arguments,
+    the_op_itself,
+    trace_failure,
+)
+from torch._inductor.kernel.collective_detection import (
+    collective_calls,
+    covering_group,
+    group_arguments,
+    GROUP_ARGUMENTS,
+    names_a_collective,
+    op_name,
+    resolve_group,
+)
+from torch._inductor.kernel.collective_graph import SiteReport
+from torch._inductor.kernel.collective_records import (
+    collective_autotune_records,
+    CollectiveAutotuneRecord,
+    format_record,
+    keep_record,
+    site_key,
+)
 from torch._inductor.runtime.collective_benchmarking import (
     benchmark_device,
     BenchmarkSettings,
@@ -42,8 +70,6 @@ from torch._inductor.runtime.collective_benchmarking import (
     ChoiceTiming,
     CollectiveBenchmarker,
     TIE_FRACTION,
-    is_collective_op,
-    uses_symmetric_memory,
 )
 from torch._inductor.runtime.collective_decisions import (
     DecisionStore,
@@ -63,59 +89,22 @@ if TYPE_CHECKING:
     from torch._inductor.ir import ChoiceCaller
 
 
+# The hooks upstream's patched files call, and what users read of the decisions.
+__all__ = [
+    "CollectiveAutotuneRecord",
+    "collective_autotune_records",
+    "detect_collective",
+    "format_record",
+    "note_registration",
+    "prepare_choices",
+    "select_collective_choice",
+]
+
 log = logging.getLogger(__name__)
 table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
-# The label of the op's own implementation among its choices.
-DEFAULT = "default"
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveAutotuneRecord:
-    """What one rank decided for one collective-tuned call site.
-
-    Identical across the group but for the fields that say how long this rank took.
-    """
-
-    op: str
-    group_name: str
-    group_ranks: tuple[int, ...]
-    # The decision's key (op, shapes, choices, timing mode) and the session it was
-    # agreed in.
-    key: str
-    session: str
-    # "benchmark" (timed now) or "use" (taken without timing), where the decision
-    # came from ("benchmark", "job": decided earlier in this job, "disk": stored by
-    # every rank, "cache": inlined in a cached graph every rank loaded, "ladder": the
-    # winner of both neighbouring sizes of a dynamic op, "agreement": the group's
-    # fallback or only choice), and why.
-    decision: str
-    source: str
-    reason: str
-    timings: tuple[ChoiceTiming, ...]
-    # Choices are named by their implementation and parameters, e.g.
-    # "chunked_all_reduce(chunks=4)"; the op's own implementation is "default".
-    winner: str
-    # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager",
-    # and the pointwise neighbours each choice was timed with ("producer+consumer",
-    # "none"; collective_choice_modules).
-    mode: str = ""
-    timed_with: str = ""
-    # Seconds this rank waited for its peers (to arrive, to vote), spent compiling
-    # choices, and spent otherwise on the decision (its own votes and the benchmark).
-    waited_s: float = dataclasses.field(default=0.0, compare=False)
-    build_s: float = dataclasses.field(default=0.0, compare=False)
-    tuning_s: float = dataclasses.field(default=0.0, compare=False)
-
-
-_records: list[CollectiveAutotuneRecord] = []
 # Each collective op's OpOverload by its autotuning name, as detection found it.
 _ops: dict[str, Any] = {}
-
-
-def collective_autotune_records() -> list[CollectiveAutotuneRecord]:
-    """The decisions this process made so far, oldest first."""
-    return list(_records)
 
 
 # -- registration and choices ---------------------------------------------------------
@@ -133,14 +122,6 @@ def note_registration(op: Any) -> None:
             f"the FX-graph cache, so cached graphs that inline {op_name(op)} are not "
             "checked against the group's decisions; turn it off under torchrun"
         )
-
-
-def names_a_collective(op: Any) -> bool:
-    """Whether ``op``'s name, or a process-group argument, says it communicates."""
-    schema = getattr(op, "_schema", None)
-    return is_collective_op(op) or (
-        schema is not None and any(a.name in GROUP_ARGUMENTS for a in schema.arguments)
-    )
 
 
 def prepare_choices(
@@ -175,35 +156,25 @@ def prepare_choices(
     for inp in inputs:
         if isinstance(inp, TensorBox):
             inp.realize()
-    schema = _schema_arguments(op)
-    labels = [_label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
+    schema = schema_arguments(op)
+    labels = [label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
     keep = list(range(len(decompositions)))
     winner = _decided_before_tracing(
         name, labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs,
         neighbours,
     )
-    traced = [_guarded(d, op) for d in decompositions]
+    traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
-        keep = [i for i, label in enumerate(labels) if i == 0 or label == winner]
+        keep = [i for i, candidate in enumerate(labels) if i == 0 or candidate == winner]
         if labels[0] != winner:
             # Upstream gives the op's own implementation the first implementation's
             # arguments: keep those, traced cheaply as the op itself.
-            traced[0] = _the_op_itself(op, schema)
+            traced[0] = the_op_itself(op, schema)
 
     def kept(items: Optional[Sequence[Any]]) -> Any:
         return None if items is None else [items[i] for i in keep]
 
     return kept(traced), kept(non_tensor_args), kept(config_patches_list)
-
-
-def _the_op_itself(op: Any, schema: set[str]) -> Callable[..., Any]:
-    """A stand-in implementation: the op's own call (never chosen; its name is no
-    implementation's)."""
-
-    def the_op_itself(*args: Any, **kwargs: Any) -> Any:
-        return op(*args, **{k: v for k, v in kwargs.items() if k in schema})
-
-    return the_op_itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +220,7 @@ def _decided_before_tracing(
         return None
     named = [v for k, v in (non_tensor_args or [{}])[0].items() if k in GROUP_ARGUMENTS]
     try:
-        group = _resolve_group(named[0], op) if named else dist.group.WORLD
+        group = resolve_group(named[0], op) if named else dist.group.WORLD
     except (ValueError, TypeError):
         return None  # detection reports it with the full story
     settings = BenchmarkSettings.from_config()
@@ -258,7 +229,7 @@ def _decided_before_tracing(
     labels = (*labels, DEFAULT)
 
     def key_of(site: str) -> str:
-        return _site_key(site, inputs, labels, mode, min_speedup_threshold, neighbours)
+        return site_key(site, inputs, labels, mode, min_speedup_threshold, neighbours)
 
     decisions = collective_graph.group_decisions(group, settings.timeout)
     key = key_of(name)
@@ -275,61 +246,6 @@ def _decided_before_tracing(
         key, labels, neighbours, below=collective_dispatch.decided_below(name, decided)
     )
     return decisions.get(key)
-
-
-def _guarded(decomposition: Callable[..., Any], op: Any) -> Callable[..., Any]:
-    from torch.fx.experimental import symbolic_shapes
-
-    # Upstream skips implementations that add guards (torch 2.13 raises these while it
-    # traces), on every rank alike: they pass through.
-    guard_errors = tuple(
-        e for e in (getattr(symbolic_shapes, "_ShapeEnvGuardError", None), AssertionError) if e
-    )
-    schema = _schema_arguments(op)
-
-    @functools.wraps(decomposition)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return decomposition(*args, **kwargs)
-        except guard_errors:
-            raise
-        except Exception as e:  # noqa: BLE001 - reported to the group by the choice
-            guarded.trace_failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"  # type: ignore[attr-defined]
-            log.debug("implementation %s raised while traced", decomposition.__name__, exc_info=True)
-            return op(*args, **{k: v for k, v in kwargs.items() if k in schema})
-
-    guarded.trace_failure = ""  # type: ignore[attr-defined]
-    return guarded
-
-
-def choice_label(choice: ChoiceCaller, op: Any = None) -> str:
-    """A choice's readable name: its implementation and the parameters its config set
-    (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
-    The same on every rank, whatever Inductor numbered the choice."""
-    decomposition = getattr(choice, "decomposition", None)
-    if getattr(choice, "gm", None) is None or decomposition is None:
-        return DEFAULT
-    return _label(
-        decomposition.__name__, getattr(choice, "decomposition_kwargs", {}), _schema_arguments(op)
-    )
-
-
-def _label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
-    params = {k: v for k, v in sorted(kwargs.items()) if k not in schema}
-    if not params:
-        return implementation
-    return f"{implementation}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
-
-
-def _schema_arguments(op: Any) -> set[str]:
-    return {a.name for a in op._schema.arguments} if hasattr(op, "_schema") else set()
-
-
-def _trace_failure(choice: ChoiceCaller) -> str:
-    """Why ``choice`` cannot be used, as tracing shows alike on every rank, or ""."""
-    return getattr(getattr(choice, "decomposition", None), "trace_failure", "") or (
-        collective_graph.unwaited_collective(getattr(choice, "gm", None))
-    )
 
 
 # -- detection -------------------------------------------------------------------
@@ -349,25 +265,23 @@ def detect_collective(
     Returns ``(False, None)``, with one warning, where collective tuning cannot
     apply because torch.distributed is not initialised. For a collective op, also
     makes the op's own implementation a complete choice (see
-    :func:`_complete_default_choice`); ``name`` is the op's autotuning name. An op
-    tuned the regular way loses the choices whose implementation raised while traced.
+    collective_choices.complete_default_choice); ``name`` is the op's autotuning name.
+    An op tuned the regular way loses the choices whose implementation raised while
+    traced.
     """
+    import torch.distributed as dist
+
     groups: list[Any] = []
     # The op's name or arguments may tell what its choices' graphs do not (where only
     # the winner of a decided key was traced, say).
     collective = names_a_collective(op_overload)
     for choice in choices:
         gm = getattr(choice, "gm", None)
-        if gm is None or _trace_failure(choice):
+        if gm is None or trace_failure(choice):
             continue
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and isinstance(
-                node.target, torch._ops.OpOverload
-            ) and is_collective_op(node.target):
-                collective = True
-                groups.extend(_group_arguments(node.target, node.args, node.kwargs, gm))
-    import torch.distributed as dist
-
+        for node in collective_calls(gm):
+            collective = True
+            groups.extend(group_arguments(node, gm))
     if collective and not (dist.is_available() and dist.is_initialized()):
         _warn_once(
             f"{op_name(op_overload)} is a collective op but torch.distributed is not "
@@ -375,15 +289,15 @@ def detect_collective(
         )
         collective = False
     if not collective:
-        for choice in [c for c in choices if _trace_failure(c)]:
-            log.warning("choice %s is dropped: %s", choice_label(choice, op_overload), _trace_failure(choice))
+        for choice in [c for c in choices if trace_failure(c)]:
+            log.warning("choice %s is dropped: %s", choice_label(choice, op_overload), trace_failure(choice))
             choices.remove(choice)
         return False, None
     for kwargs in non_tensor_args:
         groups.extend(v for k, v in kwargs.items() if k in GROUP_ARGUMENTS)
-    _complete_default_choice(name, choices, op_overload, non_tensor_args)
+    complete_default_choice(name, choices, op_overload, non_tensor_args)
     _ops[name] = op_overload
-    group = _covering_group([_resolve_group(g, op_overload) for g in groups])
+    group = covering_group([resolve_group(g, op_overload) for g in groups])
     if group.size() == 1:
         # Inductor's regular benchmarking would deadlock on gloo here (see
         # select_collective_choice); a session of one rank costs nothing.
@@ -392,109 +306,6 @@ def detect_collective(
             "synchronise, it is timed without waiting for peers"
         )
     return True, group
-
-
-# torch 2.11's op's-own-implementation choices made here, one per autotune name.
-_default_choices: dict[str, Any] = {}
-
-
-def _complete_default_choice(
-    name: str, choices: list[ChoiceCaller], op: Any, non_tensor_args: Sequence[dict[str, Any]]
-) -> None:
-    """Make the op's own implementation a complete choice, present at every compile.
-
-    It is what every rank falls back to when the group does not assemble, so ranks
-    with different compile histories must list it alike. torch 2.13 always appends
-    it, with the op's non-tensor arguments bound. torch 2.11 appends it only the
-    first time the op is compiled in a process (its extern kernel's name is taken
-    afterwards) and without those arguments, so it could not become the op's output
-    node: here it gets them, and where it is missing it is appended as 2.13 does it,
-    one extern choice per op with the arguments bound at each compile, under 2.11's
-    name for it.
-    """
-    from torch._inductor.select_algorithm import ExternKernelCaller, ExternKernelChoice
-
-    schema = getattr(op, "_schema", None)
-    names = {a.name for a in schema.arguments} if schema is not None else set()
-    kwargs = {k: v for k, v in (non_tensor_args or [{}])[0].items() if k in names}
-    default = _default_choice(choices)
-    if isinstance(default, ExternKernelCaller):
-        if not default.kwargs:
-            default.kwargs = kwargs
-        return
-    if not hasattr(op, "_op"):  # not an OpOverload: nothing to call
-        return
-    if name not in _default_choices:
-        _default_choices[name] = ExternKernelChoice(
-            op,
-            name=f"{name}_collective_fallback",
-            has_out_variant=False,
-            op_overload=op,
-            use_fallback_kernel=True,
-        )
-    template = choices[0]
-    default = _default_choices[name].bind(template.input_nodes, template.layout, **kwargs)
-    default.name = f"{name}_fallback_default"
-    choices.append(default)
-
-
-def _group_arguments(op: Any, args: Sequence[Any], kwargs: dict[str, Any], gm: Any) -> list[Any]:
-    found = []
-    for i, argument in enumerate(op._schema.arguments):
-        if argument.name not in GROUP_ARGUMENTS:
-            continue
-        value = args[i] if i < len(args) else kwargs.get(argument.name)
-        if isinstance(value, torch.fx.Node) and value.op == "get_attr":
-            value = getattr(gm, value.target)
-        if value is not None:
-            found.append(value)
-    return found
-
-
-def _resolve_group(group: Any, op: Any) -> ProcessGroup:
-    import torch.distributed as dist
-
-    if isinstance(group, dist.ProcessGroup):
-        return group
-    if isinstance(group, torch.ScriptObject):
-        return dist.ProcessGroup.unbox(group)
-    if isinstance(group, str):
-        try:
-            return torch._C._distributed_c10d._resolve_process_group(group)
-        except Exception as e:  # noqa: BLE001 - reworded below
-            raise ValueError(
-                f"{op_name(op)} names process group {group!r}, which this rank does "
-                "not know; pass the group name of a group created with "
-                "torch.distributed.new_group (ProcessGroup.group_name)"
-            ) from e
-    raise TypeError(
-        f"{op_name(op)}: cannot tell a process group from {group!r} "
-        f"({type(group).__name__}); expected a ProcessGroup or a group name"
-    )
-
-
-def _covering_group(groups: list[ProcessGroup]) -> ProcessGroup:
-    import torch.distributed as dist
-
-    world = dist.group.WORLD
-    if not groups:
-        return world
-    unique = list({g.group_name: g for g in groups}.values())
-    if len(unique) == 1:
-        return unique[0]
-    needed = set().union(*(dist.get_process_group_ranks(g) for g in unique))
-    covering = min(
-        (g for g in [*unique, world] if needed <= set(dist.get_process_group_ranks(g))),
-        key=lambda g: g.size(),
-    )
-    log.info(
-        "choices communicate over groups %s; synchronising autotuning over group %s "
-        "(ranks %s), which contains them all",
-        [g.group_name for g in unique],
-        covering.group_name,
-        dist.get_process_group_ranks(covering),
-    )
-    return covering
 
 
 # -- selection -------------------------------------------------------------------
@@ -541,7 +352,7 @@ def select_collective_choice(
     device = benchmark_device(layout.device)
     mode = _timing_mode(settings, device, benchmark_with_cudagraphs)
     neighbours = _timed_with(prepared.neighbours if prepared else Neighbours(), choices)
-    key = prepared.key if prepared else _site_key(name, input_nodes, labels, mode, min_speedup_threshold, neighbours)
+    key = prepared.key if prepared else site_key(name, input_nodes, labels, mode, min_speedup_threshold, neighbours)
     session = collective_graph.session_for(process_group, settings.timeout)
     counters["inductor"]["collective_autotune_sites"] += 1
 
@@ -555,7 +366,7 @@ def select_collective_choice(
             stored_winner=persisted.winner if persisted else "",
             failed={
                 **{label: "not traced on this rank" for label in labels if label not in by_label},
-                **{label: _trace_failure(c) for label, c in by_label.items() if _trace_failure(c)},
+                **{label: trace_failure(c) for label, c in by_label.items() if trace_failure(c)},
             },
         )
 
@@ -566,7 +377,7 @@ def select_collective_choice(
         begin = time.monotonic()
         failures = {
             label: why for label, c in by_label.items()
-            if not _trace_failure(c) and (why := _build(name, c, device, neighbours))
+            if not trace_failure(c) and (why := _build(name, c, device, neighbours))
         }
         build_s = time.monotonic() - begin
         return failures
@@ -623,27 +434,11 @@ def select_collective_choice(
     return _finish(record, by_label)
 
 
-def note_cached_sites(sites: list[tuple[str, str, str, str, str]]) -> None:
-    """Record the decisions inlined in a graph loaded from the cache: (group, plan,
-    key, winner, op) of each of its collective-tuned keys."""
-    import torch.distributed as dist
-
-    for group_name, plan, key, winner, op in sites:
-        group = torch._C._distributed_c10d._resolve_process_group(group_name)
-        _records.append(
-            CollectiveAutotuneRecord(
-                op, group_name, tuple(dist.get_process_group_ranks(group)), key, plan, "use",
-                "cache", "inlined in a compiled graph loaded from the cache; the group agrees", (),
-                winner,
-            )
-        )
-
-
 def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]) -> ChoiceCaller:
     """Log ``record``, keep it, and return the choice it names."""
     import torch.distributed as dist
 
-    _records.append(record)
+    keep_record(record)
     log.info(
         "collective autotuning %s on group %s: %s (%s; %s; compiling the choices %.2f s, "
         "timing %.2f s, waiting for the group %.2f s)",
@@ -660,34 +455,8 @@ def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller])
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
     if collective_dispatch.is_range(record.op):
-        return _RangeWinner(choice, by_label[DEFAULT], _ops.get(record.op))  # type: ignore[return-value]
+        return RangeWinner(choice, by_label[DEFAULT], _ops.get(record.op))  # type: ignore[return-value]
     return choice
-
-
-class _RangeWinner:
-    """The winner of one range of a range-based op, as the range-based lowering reads
-    it: the implementation to dispatch to, but no graph. torch 2.13 inlines a winning
-    graph into the model at every range and keeps only the dispatch; an inlined
-    collective stays in the graph (it has side effects) and would run on every call."""
-
-    gm = None
-
-    def __init__(self, winner: ChoiceCaller, default: ChoiceCaller, op: Any) -> None:
-        self.name = winner.name
-        self.decomposition = getattr(winner, "decomposition", None)
-        self.decomposition_kwargs = getattr(winner, "decomposition_kwargs", {})
-        self.config_patches = getattr(winner, "config_patches", {})
-        if self.decomposition is None:
-            # The op's own implementation: dispatched to as a call of the op. torch 2.11
-            # would trace the op's Python body instead, which a collective's c10d
-            # calls do not survive.
-            self.decomposition = _the_op_itself(op, _schema_arguments(op))
-            self.decomposition_kwargs = {}
-        self._default = default
-
-    def output_node(self) -> Any:
-        # Unused by the range-based lowering, so removed with the graph's dead code.
-        return self._default.output_node()
 
 
 def _timing_mode(settings: BenchmarkSettings, device: torch.device, cudagraphs: bool) -> str:
@@ -773,11 +542,11 @@ def _benchmark(
     inputs = list(inputs)
     # Vote topics carry these names, so they must be the same on every rank.
     candidates = [Candidate(n, _runner(c, inputs, neighbours)) for n, c in zip(names, choices)]
-    if any(_uses_symmetric_memory(c) for c in choices):
+    if any(needs_symmetric_memory(c) for c in choices):
         if not _move_to_symmetric_memory(inputs, process_group, session):
             candidates = [
                 Candidate(cand.name, _unavailable("symmetric memory unavailable on this group"))
-                if _uses_symmetric_memory(c) else cand
+                if needs_symmetric_memory(c) else cand
                 for c, cand in zip(choices, candidates)
             ]
     pristine = [t.clone() for t in inputs]
@@ -826,7 +595,7 @@ def _runner(
 def _build(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> str:
     """Compile ``choice`` of op ``name`` for benchmarking, with ``neighbours`` fused
     in; why it cannot run here, or "" if it can."""
-    if _uses_symmetric_memory(choice) and device.type != "cuda":
+    if needs_symmetric_memory(choice) and device.type != "cuda":
         return "uses symmetric memory, which needs CUDA"
     try:
         if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
@@ -890,77 +659,7 @@ def _timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neig
     symmetric-memory ops in its graph, whose inputs the benchmark places in symmetric
     memory itself (a stand-in producer's output would not be). The same on every
     rank: it reads the traced graphs."""
-    return Neighbours() if any(_uses_symmetric_memory(c) for c in choices) else neighbours
-
-
-def _uses_symmetric_memory(choice: ChoiceCaller) -> bool:
-    gm = getattr(choice, "gm", None)
-    return gm is not None and any(
-        node.op == "call_function" and uses_symmetric_memory(node.target)
-        for node in gm.graph.nodes
-        if isinstance(node.target, torch._ops.OpOverload)
-    )
-
-
-def _default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
-    """The op's own implementation (the extern fallback choice), else the first."""
-    from torch._inductor.select_algorithm import ExternKernelCaller
-
-    return next((c for c in choices if isinstance(c, ExternKernelCaller)), choices[0])
-
-
-# -- reporting -------------------------------------------------------------------
-
-
-def format_record(record: CollectiveAutotuneRecord) -> str:
-    """A table of one decision: choice, slowest- and fastest-rank time, winner."""
-    lines = [
-        f"collective autotuning: {record.op} on group {record.group_name} "
-        f"(ranks {list(record.group_ranks)}), key {record.key}",
-        f"  decision: {record.decision} ({record.source}); winner: {record.winner} "
-        f"({record.reason})",
-    ]
-    if record.timed_with:
-        lines.append(f"  timed with its pointwise neighbours: {record.timed_with}")
-    if record.timings:
-        width = max(len(t.name) for t in record.timings)
-        lines.append(
-            f"  {'choice':<{width}}  {'slowest rank us':>15}  {'fastest rank us':>15}  "
-            f"{'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"
-        )
-        for t in record.timings:
-            mark = "  <- winner" if t.name == record.winner else ""
-            lines.append(
-                f"  {t.name:<{width}}  {t.max_us:>15.1f}  {t.min_us:>15.1f}  "
-                f"{t.calls_per_sample:>12}  {t.samples:>7}  {t.skew_us:>7.1f}  {t.status}{mark}"
-            )
-    return "\n".join(lines)
-
-
-# -- helpers ---------------------------------------------------------------------
-
-
-def _site_key(
-    name: str,
-    inputs: Sequence[Any],
-    labels: Sequence[str],
-    mode: str,
-    min_speedup_threshold: float,
-    neighbours: Neighbours,
-) -> str:
-    """What a decision is for: the op (by its autotuning name), its inputs' sizes,
-    strides and dtypes, its choices, how they are timed, the threshold, and what the
-    site fuses with (the same op may win alone and lose between pointwise neighbours)."""
-    return digest(
-        name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold, str(neighbours)
-    )
-
-
-def _node_meta(node: Any) -> str:
-    """Size, stride and dtype of an IR node or layout (not its device)."""
-    if hasattr(node, "get_size"):
-        return f"{node.get_size()}/{node.get_stride()}/{node.get_dtype()}"
-    return f"{node.size}/{node.stride}/{node.dtype}"
+    return Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
 
 
 @functools.lru_cache(None)

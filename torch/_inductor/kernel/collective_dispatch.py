@@ -38,6 +38,7 @@ from torch._inductor.kernel.collective_choice_modules import (
     guards_refused,
     implementation_of,
 )
+from torch._inductor.kernel.collective_detection import names_a_collective
 
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,6 @@ def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional
     a dynamic dimension; None where the op is tuned at one size."""
     import torch.distributed as dist
     from torch._inductor import config
-    from torch._inductor.kernel.collective_autotuning import names_a_collective
     from torch._inductor.virtualized import V
 
     if not (
@@ -288,7 +288,6 @@ def lower_size_dispatch(
     """
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
     from torch._inductor.ir import Conditional, ir_node_to_tensor
-    from torch._inductor.kernel.collective_autotuning import names_a_collective
     from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.virtualized import V
