@@ -14,7 +14,8 @@ This module only wires those hooks to the modules that do the work, below it:
 detection of collectives and their groups (collective_detection), the choices' names
 (collective_choices), one site's decision (collective_selection, timed by
 collective_timing), the graph's sessions (collective_graph), dynamic sizes
-(collective_dispatch), and the records and their table (collective_records).
+(collective_dispatch), the records and their table (collective_records), and what is
+installed into upstream at run time (collective_upstream_hooks).
 
 Collective sessions never read or write Inductor's local autotune cache: a hit on one
 rank and a miss on another is exactly how ranks come to inline different
@@ -33,6 +34,7 @@ from torch._inductor.kernel import (
     collective_dispatch,
     collective_graph,
     collective_selection,
+    collective_upstream_hooks,
 )
 from torch._inductor.kernel.collective_choice_modules import neighbours_of_site
 from torch._inductor.kernel.collective_choices import (
@@ -95,6 +97,7 @@ def note_registration(op: Any) -> None:
 
     collective = names_a_collective(op)
     collective_graph.note_registration(op, collective)
+    collective_upstream_hooks.install()
     if collective and functorch_config.bundled_autograd_cache:
         _warn_once(
             "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "

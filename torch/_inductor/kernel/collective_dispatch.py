@@ -292,7 +292,6 @@ def lower_size_dispatch(
     dispatch = _traced_dispatch(_dispatch_from(branches, 0, dim, runtime_kwargs), tensor_inputs)
     _name_branches_by_site(dispatch, name)
     result = _inline_keeping_cudagraphs(dispatch, tensor_inputs, name)
-    install_partition_hook()
     log.info(
         "%s dispatches by size along dim %d: %s",
         name, dim,
@@ -379,8 +378,9 @@ def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
 
 def _inline_keeping_cudagraphs(dispatch: torch.fx.GraphModule, tensor_inputs: Sequence[Any], name: str) -> Any:
     """``dispatch`` inlined into the graph being lowered, which keeps its CUDA graphs:
-    upstream's reason to turn them off at a torch.cond is taken back, and its
-    Conditionals are noted as size dispatches (see :func:`install_partition_hook`)."""
+    upstream's reason to turn them off at a torch.cond is taken back (one of the
+    overrides collective_upstream_hooks lists), and its Conditionals are noted as
+    size dispatches (:func:`is_size_dispatch`)."""
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
     from torch._inductor.ir import Conditional
     from torch._inductor.virtualized import V
@@ -400,38 +400,14 @@ def _inline_keeping_cudagraphs(dispatch: torch.fx.GraphModule, tensor_inputs: Se
 _size_dispatches: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-@functools.lru_cache(None)
-def install_partition_hook() -> None:
-    """Keep size dispatches inside CUDA-graph partitions.
-
-    With ``graph_partition`` (the default from torch 2.11), the scheduler runs every
-    ``Conditional`` outside CUDA graphs, for the same reason as the cond lowering
-    (above): here, partition boundaries at every layer, and on torch 2.11 outputs of
-    the partitions around it that CUDA-graph trees refuse. A size dispatch is as safe
-    to capture as any kernel. Wrapped at run time because the overlay patches no
-    upstream file it need not (scheduler.py is not one); in-tree this is one
-    condition in ``Scheduler.should_partition``.
-    """
-    from torch._inductor.scheduler import Scheduler
+def is_size_dispatch(node: Any) -> bool:
+    """Whether ``node`` (an IR node) is the Conditional of a size dispatch of the graph
+    being lowered: as safe to capture in a CUDA graph as any kernel, since its
+    predicate reads sizes only."""
+    from torch._inductor.ir import Conditional
     from torch._inductor.virtualized import V
 
-    original = Scheduler.should_partition
-
-    @functools.wraps(original)
-    def should_partition(self: Any, node: Any) -> Optional[str]:
-        from torch._inductor.ir import Conditional
-
-        reason = original(self, node)
-        ir_node = getattr(node, "node", None)
-        if (
-            reason == "Conditional ops"
-            and isinstance(ir_node, Conditional)
-            and ir_node.get_name() in _size_dispatches.get(V.graph, ())
-        ):
-            return None
-        return reason
-
-    Scheduler.should_partition = should_partition  # type: ignore[method-assign]
+    return isinstance(node, Conditional) and node.get_name() in _size_dispatches.get(V.graph, ())
 
 
 def lowered_once(op: Any, lowering: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,7 +24,6 @@ graph, so a rank with warm caches never skips a session its cold peers wait in.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import weakref
@@ -59,8 +58,6 @@ def note_registration(op: Any, collective: bool) -> None:
     """Remember an op registered with register_custom_op_autotuning, if collective."""
     if collective:
         _collective_ops.add(op_name(op))
-    install_cache_gate()
-    install_liveness()
 
 
 # -- plans -------------------------------------------------------------------------
@@ -429,7 +426,8 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
     current environment (size, backend, device model, interconnect, NVLS, torch and
     NCCL versions) and loaded identically by every rank of the group (one session
     per group). A hit that fails this is a miss, and the session it joined passes on
-    to the compile that follows.
+    to the compile that follows. Every hit comes here through the wrapper that
+    collective_upstream_hooks installs around ``FxGraphCache.cache_hit_post_compile``.
     """
     from torch._inductor import config
 
@@ -485,52 +483,3 @@ def _inlined_decisions(counter_deltas: Any) -> _Inlined:
             group, plan, key, winner, op, *env = json.loads(name[len(_SITE_COUNTER):])
             sites.setdefault((group, plan), {})[key] = (winner, op, env[0] if env else {})
     return sites
-
-
-@functools.lru_cache(None)
-def install_cache_gate() -> None:
-    """Route FX-graph cache hits (also those of AOTAutograd entries) through
-    :func:`cached_graph_may_load`.
-
-    ``FxGraphCache.cache_hit_post_compile`` finishes every hit and may return None
-    (a miss, compiled afresh); the gate is wrapped around it here rather than edited
-    into codecache.py because the overlay patches no other upstream files than the
-    ones it must (in-tree this is one line in that function).
-    """
-    from torch._inductor.codecache import FxGraphCache
-
-    original = FxGraphCache.cache_hit_post_compile
-
-    def cache_hit_post_compile(graph: Any, cache_info: Any, constants: Any) -> Any:
-        from torch._inductor import config
-
-        if not cached_graph_may_load(
-            getattr(graph, "counter_deltas", None), config.collective_benchmark_timeout
-        ):
-            cache_info["cache_state"] = "miss"
-            return None, cache_info
-        return original(graph, cache_info, constants)
-
-    FxGraphCache.cache_hit_post_compile = staticmethod(cache_hit_post_compile)  # type: ignore[method-assign]
-
-
-@functools.lru_cache(None)
-def install_liveness() -> None:
-    """Beat (runtime/collective_protocol.Liveness) while Dynamo compiles a frame or a
-    lazy backward: a peer's sessions may wait for this compile, and must, as long as
-    it goes on. Dynamo runs these callbacks for the outermost compile only."""
-    from torch._dynamo.callback import callback_handler
-
-    compiling: list[Any] = []
-
-    def start(args: Any = None) -> None:
-        # (older Dynamo calls its callbacks without arguments)
-        compiling.append(liveness.working(f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()))
-        compiling[-1].__enter__()
-
-    def end(args: Any = None) -> None:
-        if compiling:
-            compiling.pop().__exit__(None, None, None)
-
-    callback_handler.register_start_callback(start)
-    callback_handler.register_end_callback(end)
