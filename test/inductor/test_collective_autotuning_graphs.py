@@ -291,18 +291,18 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
 
 def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
     # The pick itself: a pure function of the group's timings (identical on every rank).
-    from torch._inductor.kernel.collective_autotuning import _pick
+    from torch._inductor.kernel.collective_timing import pick
     from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 
     names = ["one_shot", "two_shot", "default"]
     timings = [ChoiceTiming(n, us, us, 1, "ok") for n, us in zip(names, (12.0, 10.1, 10.0))]
     # two_shot, 1% slower at the range's top, won the range below: a tie goes its way.
-    winner, reason = _pick(names, timings, 1.0, ("two_shot", "16"))
+    winner, reason = pick(names, timings, 1.0, ("two_shot", "16"))
     assert winner == "two_shot" and "the winner at 16 below" in reason
-    assert _pick(names, timings, 1.0, None)[0] == "default"
-    assert _pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"  # 20%: no tie
+    assert pick(names, timings, 1.0, None)[0] == "default"
+    assert pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"  # 20%: no tie
     # A user's min_speedup_threshold still favours the op's own implementation.
-    assert _pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
+    assert pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
 
 
 def assert_each_size_ran_its_winner(a: dict, b: dict) -> None:

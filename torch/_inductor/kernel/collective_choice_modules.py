@@ -121,7 +121,9 @@ class _GuardAttempted(RuntimeError):
 @contextlib.contextmanager
 def guards_refused(shape_env: Any) -> Iterator[None]:
     """Raise where the code inside would add a guard to ``shape_env`` (the exception
-    leaves nothing behind: no guard, no cached evaluation)."""
+    leaves nothing behind: no guard, no cached evaluation). On torch 2.11 an override
+    of upstream internals for the block's duration, listed with the others in
+    collective_upstream_hooks."""
     refuse = getattr(shape_env, "error_on_new_guards", None)
     if refuse is not None:  # torch >= 2.13
         with refuse():

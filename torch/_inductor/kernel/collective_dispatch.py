@@ -38,6 +38,7 @@ from torch._inductor.kernel.collective_choice_modules import (
     guards_refused,
     implementation_of,
 )
+from torch._inductor.kernel.collective_detection import names_a_collective
 
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,6 @@ def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional
     a dynamic dimension; None where the op is tuned at one size."""
     import torch.distributed as dist
     from torch._inductor import config
-    from torch._inductor.kernel.collective_autotuning import names_a_collective
     from torch._inductor.virtualized import V
 
     if not (
@@ -286,17 +286,23 @@ def lower_size_dispatch(
       can change between replays. This predicate reads sizes only: CUDA-graph trees
       record one graph per distinct size, in which the branch taken is fixed.
     """
-    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
-    from torch._inductor.ir import Conditional, ir_node_to_tensor
-    from torch._inductor.kernel.collective_autotuning import names_a_collective
-    from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.virtualized import V
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     if len(impl_groups) < 2 or not names_a_collective(op):
         return None
-    # (top of the branch's sizes, implementation), in size order.
+    branches = _branches(impl_groups)
+    dispatch = _traced_dispatch(_dispatch_from(branches, 0, dim, runtime_kwargs), tensor_inputs)
+    _name_branches_by_site(dispatch, name)
+    result = _inline_keeping_cudagraphs(dispatch, tensor_inputs, name)
+    log.info(
+        "%s dispatches by size along dim %d: %s",
+        name, dim,
+        ", ".join(f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches),
+    )
+    return result
+
+
+def _branches(impl_groups: Sequence[Any]) -> list[tuple[float, Any]]:
+    """(top of the branch's sizes, implementation), in size order: neighbouring
+    ranges of one implementation merged."""
     branches: list[tuple[float, Any]] = []
     for bounds, group in sorted(
         ((r, g) for g in impl_groups for r in g.ranges), key=lambda rg: rg[0].start
@@ -305,35 +311,61 @@ def lower_size_dispatch(
             branches[-1] = (bounds.end, group)
         else:
             branches.append((bounds.end, group))
+    return branches
 
-    # torch.cond traces its branches with Dynamo, which skips functions of torch's
-    # own files unless told otherwise, and lifts the values a branch closes over into
-    # operands (torch 2.11 takes only graph nodes there): constants are bound as
-    # default arguments instead.
-    def implementation(group: Any) -> Callable[..., Any]:
-        @torch._dynamo.dont_skip_tracing
-        def run(*tensors: Any, _group: Any = group, _kwargs: Any = (
-            _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
-        )) -> Any:
-            return _group.impl_func(*tensors, **_kwargs)
 
-        return run
+def _implementation(group: Any, runtime_kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """A call of ``group``'s implementation, as a branch of the dispatch.
 
-    def dispatch_from(i: int) -> Callable[..., Any]:
-        if i == len(branches) - 1:
-            return implementation(branches[i][1])
+    torch.cond traces its branches with Dynamo, which skips functions of torch's own
+    files unless told otherwise, and lifts the values a branch closes over into
+    operands (torch 2.11 takes only graph nodes there): constants are bound as default
+    arguments instead (here and in :func:`_dispatch_from`).
+    """
+    from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
 
-        @torch._dynamo.dont_skip_tracing
-        def choose(*tensors: Any, _top: int = int(branches[i][0]), _dim: int = dim,
-                   _taken: Any = implementation(branches[i][1]), _rest: Any = dispatch_from(i + 1)) -> Any:
-            return torch.cond(tensors[0].size(_dim) <= _top, _taken, _rest, tensors)
+    @torch._dynamo.dont_skip_tracing
+    def run(*tensors: Any, _group: Any = group, _kwargs: Any = (
+        _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
+    )) -> Any:
+        return _group.impl_func(*tensors, **_kwargs)
 
-        return choose
+    return run
+
+
+def _dispatch_from(
+    branches: list[tuple[float, Any]], i: int, dim: int, runtime_kwargs: dict[str, Any]
+) -> Callable[..., Any]:
+    """The dispatch among ``branches[i:]``: a torch.cond on the size per branch."""
+    if i == len(branches) - 1:
+        return _implementation(branches[i][1], runtime_kwargs)
+
+    @torch._dynamo.dont_skip_tracing
+    def choose(*tensors: Any, _top: int = int(branches[i][0]), _dim: int = dim,
+               _taken: Any = _implementation(branches[i][1], runtime_kwargs),
+               _rest: Any = _dispatch_from(branches, i + 1, dim, runtime_kwargs)) -> Any:
+        return torch.cond(tensors[0].size(_dim) <= _top, _taken, _rest, tensors)
+
+    return choose
+
+
+def _traced_dispatch(dispatch: Callable[..., Any], tensor_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """``dispatch`` traced on the op's inputs, adding no guard to their sizes."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.ir import ir_node_to_tensor
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     with V.fake_mode, guards_refused(V.graph.sizevars.shape_env):
-        dispatch = make_fx(
-            dispatch_from(0), decomposition_table=select_decomp_table(), tracing_mode="symbolic"
+        return make_fx(
+            dispatch, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
         )(*(ir_node_to_tensor(t) for t in tensor_inputs))
+
+
+def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
+    """Rename the branches' subgraphs of ``dispatch`` after the call site of ``name``."""
+    from torch._inductor.virtualized import V
+
     # Unique in the graph being lowered: the operations so far differ at every site.
     site = re.sub(r"\W", "_", f"{name}_{len(V.graph.operations)}")
     for node in dispatch.graph.find_nodes(op="get_attr"):
@@ -343,6 +375,16 @@ def lower_size_dispatch(
         setattr(dispatch, node.target, branch)
     dispatch.recompile()
 
+
+def _inline_keeping_cudagraphs(dispatch: torch.fx.GraphModule, tensor_inputs: Sequence[Any], name: str) -> Any:
+    """``dispatch`` inlined into the graph being lowered, which keeps its CUDA graphs:
+    upstream's reason to turn them off at a torch.cond is taken back (one of the
+    overrides collective_upstream_hooks lists), and its Conditionals are noted as
+    size dispatches (:func:`is_size_dispatch`)."""
+    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
+    from torch._inductor.ir import Conditional
+    from torch._inductor.virtualized import V
+
     cudagraphs_off = V.graph.disable_cudagraphs_reason
     operations = len(V.graph.operations)
     result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
@@ -351,12 +393,6 @@ def lower_size_dispatch(
     _size_dispatches.setdefault(V.graph, set()).update(
         op.get_name() for op in V.graph.operations[operations:] if isinstance(op, Conditional)
     )
-    install_partition_hook()
-    log.info(
-        "%s dispatches by size along dim %d: %s",
-        name, dim,
-        ", ".join(f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches),
-    )
     return result
 
 
@@ -364,38 +400,14 @@ def lower_size_dispatch(
 _size_dispatches: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
-@functools.lru_cache(None)
-def install_partition_hook() -> None:
-    """Keep size dispatches inside CUDA-graph partitions.
-
-    With ``graph_partition`` (the default from torch 2.11), the scheduler runs every
-    ``Conditional`` outside CUDA graphs, for the same reason as the cond lowering
-    (above): here, partition boundaries at every layer, and on torch 2.11 outputs of
-    the partitions around it that CUDA-graph trees refuse. A size dispatch is as safe
-    to capture as any kernel. Wrapped at run time because the overlay patches no
-    upstream file it need not (scheduler.py is not one); in-tree this is one
-    condition in ``Scheduler.should_partition``.
-    """
-    from torch._inductor.scheduler import Scheduler
+def is_size_dispatch(node: Any) -> bool:
+    """Whether ``node`` (an IR node) is the Conditional of a size dispatch of the graph
+    being lowered: as safe to capture in a CUDA graph as any kernel, since its
+    predicate reads sizes only."""
+    from torch._inductor.ir import Conditional
     from torch._inductor.virtualized import V
 
-    original = Scheduler.should_partition
-
-    @functools.wraps(original)
-    def should_partition(self: Any, node: Any) -> Optional[str]:
-        from torch._inductor.ir import Conditional
-
-        reason = original(self, node)
-        ir_node = getattr(node, "node", None)
-        if (
-            reason == "Conditional ops"
-            and isinstance(ir_node, Conditional)
-            and ir_node.get_name() in _size_dispatches.get(V.graph, ())
-        ):
-            return None
-        return reason
-
-    Scheduler.should_partition = should_partition  # type: ignore[method-assign]
+    return isinstance(node, Conditional) and node.get_name() in _size_dispatches.get(V.graph, ())
 
 
 def lowered_once(op: Any, lowering: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,14 +24,14 @@ graph, so a rank with warm caches never skips a session its cold peers wait in.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import json
 import logging
 import weakref
 from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
+from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, op_name
+from torch._inductor.kernel.collective_records import digest, note_cached_sites
 from torch._inductor.runtime.collective_decisions import current_environment, group_scope
 from torch._inductor.runtime.collective_protocol import (
     CollectiveSession,
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Argument names through which an op or a collective names its process group.
-GROUP_ARGUMENTS = ("group_name", "group", "process_group", "pg")
 # Counter names that carry a compiled graph's collective decisions into its cache entry.
 _SITE_COUNTER = "collective_autotune_site:"
 
@@ -60,8 +58,6 @@ def note_registration(op: Any, collective: bool) -> None:
     """Remember an op registered with register_custom_op_autotuning, if collective."""
     if collective:
         _collective_ops.add(op_name(op))
-    install_cache_gate()
-    install_liveness()
 
 
 # -- plans -------------------------------------------------------------------------
@@ -109,11 +105,6 @@ def _group_name(value: Any) -> str:
     if isinstance(value, dist.ProcessGroup):
         return value.group_name
     return value if isinstance(value, str) else ""
-
-
-def digest(*parts: Any) -> str:
-    """A short name for ``parts``, the same on every rank."""
-    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
 
 
 # -- the graph's sessions ------------------------------------------------------------
@@ -424,41 +415,6 @@ def _decode_report(raw: str) -> SiteReport:
     return SiteReport(d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"])
 
 
-# -- choices that race with their own collectives ---------------------------------------
-
-
-def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
-    """Why ``gm`` (a choice's traced implementation) reads what one of its collectives
-    writes before waiting for it, or "".
-
-    A functional collective only issues the communication; its output (for an in-place
-    one, its input too) holds the result once ``wait_tensor`` returned. Read earlier,
-    it holds whatever the communication wrote so far: a result that differs from run
-    to run and from rank to rank, which no correctness screen can catch reliably.
-    """
-    if gm is None:
-        return ""
-    wait = torch.ops._c10d_functional.wait_tensor.default
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    for node in gm.graph.nodes:
-        target = node.target
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "_c10d_functional" or target is wait:
-            continue
-        written = [node]
-        if target._schema.is_mutable:  # all_reduce_ and the like write their input too
-            written += [a for a in node.args if isinstance(a, torch.fx.Node)]
-        for tensor in written:
-            for user in tensor.users:
-                if user is not node and user.target is not wait and order[user] > order[node] and not any(
-                    w.target is wait and order[w] < order[user] for w in node.users
-                ):
-                    return (
-                        f"reads the output of {target.name()} before wait_tensor (in {user.name}): "
-                        "its result races with the communication"
-                    )
-    return ""
-
-
 # -- the FX-graph cache gate ---------------------------------------------------------
 
 
@@ -470,7 +426,8 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
     current environment (size, backend, device model, interconnect, NVLS, torch and
     NCCL versions) and loaded identically by every rank of the group (one session
     per group). A hit that fails this is a miss, and the session it joined passes on
-    to the compile that follows.
+    to the compile that follows. Every hit comes here through the wrapper that
+    collective_upstream_hooks installs around ``FxGraphCache.cache_hit_post_compile``.
     """
     from torch._inductor import config
 
@@ -509,8 +466,6 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
             return False
         if any(joined.decisions.publish(k, v) != v for k, v in embedded.items()):
             return False
-    from torch._inductor.kernel.collective_autotuning import note_cached_sites
-
     note_cached_sites([(g, p, k, w, op) for (g, p), e in sorted(sites.items()) for k, (w, op, _) in e.items()])
     return True
 
@@ -528,57 +483,3 @@ def _inlined_decisions(counter_deltas: Any) -> _Inlined:
             group, plan, key, winner, op, *env = json.loads(name[len(_SITE_COUNTER):])
             sites.setdefault((group, plan), {})[key] = (winner, op, env[0] if env else {})
     return sites
-
-
-@functools.lru_cache(None)
-def install_cache_gate() -> None:
-    """Route FX-graph cache hits (also those of AOTAutograd entries) through
-    :func:`cached_graph_may_load`.
-
-    ``FxGraphCache.cache_hit_post_compile`` finishes every hit and may return None
-    (a miss, compiled afresh); the gate is wrapped around it here rather than edited
-    into codecache.py because the overlay patches no other upstream files than the
-    ones it must (in-tree this is one line in that function).
-    """
-    from torch._inductor.codecache import FxGraphCache
-
-    original = FxGraphCache.cache_hit_post_compile
-
-    def cache_hit_post_compile(graph: Any, cache_info: Any, constants: Any) -> Any:
-        from torch._inductor import config
-
-        if not cached_graph_may_load(
-            getattr(graph, "counter_deltas", None), config.collective_benchmark_timeout
-        ):
-            cache_info["cache_state"] = "miss"
-            return None, cache_info
-        return original(graph, cache_info, constants)
-
-    FxGraphCache.cache_hit_post_compile = staticmethod(cache_hit_post_compile)  # type: ignore[method-assign]
-
-
-@functools.lru_cache(None)
-def install_liveness() -> None:
-    """Beat (runtime/collective_protocol.Liveness) while Dynamo compiles a frame or a
-    lazy backward: a peer's sessions may wait for this compile, and must, as long as
-    it goes on. Dynamo runs these callbacks for the outermost compile only."""
-    from torch._dynamo.callback import callback_handler
-
-    compiling: list[Any] = []
-
-    def start(args: Any = None) -> None:
-        # (older Dynamo calls its callbacks without arguments)
-        compiling.append(liveness.working(f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()))
-        compiling[-1].__enter__()
-
-    def end(args: Any = None) -> None:
-        if compiling:
-            compiling.pop().__exit__(None, None, None)
-
-    callback_handler.register_start_callback(start)
-    callback_handler.register_end_callback(end)
-
-
-def op_name(op: Any) -> str:
-    """An op's qualified name ("ns::name")."""
-    return op.name() if hasattr(op, "name") and callable(op.name) else str(op)

@@ -1,0 +1,97 @@
+"""The collective modules import one way: no module imports, even inside a function,
+one that imports it back (directly or through others).
+
+A circle hides which module holds the shared vocabulary and which one builds on it.
+Reads the sources only: no torch, no ranks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("torch._inductor.kernel", "torch._inductor.runtime")
+
+
+def _modules() -> dict[str, Path]:
+    """Each collective module's qualified name and source file."""
+    found = {}
+    for package in PACKAGES:
+        folder = REPO.joinpath(*package.split("."))
+        for path in sorted(folder.glob("collective_*.py")):
+            found[f"{package}.{path.stem}"] = path
+    return found
+
+
+def _imported(module: str, tree: ast.Module) -> set[str]:
+    """The qualified names of every module that ``tree`` (the source of ``module``)
+    imports anywhere in its body, functions and TYPE_CHECKING blocks included."""
+    package = module.rsplit(".", 1)[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package if node.level else ""
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rsplit(".", 1)[0]
+            source = ".".join(part for part in (base, node.module or "") if part)
+            names.add(source)
+            # `from package import module`
+            names.update(f"{source}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each collective module and the collective modules it imports."""
+    modules = _modules()
+    return {
+        name: _imported(name, ast.parse(path.read_text(), str(path))) & set(modules) - {name}
+        for name, path in modules.items()
+    }
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports in ``graph`` (its modules in order, the first again at the
+    end), or [] where imports run one way."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(name: str) -> list[str]:
+        if name in path:
+            return path[path.index(name):] + [name]
+        if name in done:
+            return []
+        path.append(name)
+        for imported in sorted(graph[name]):
+            circle = visit(imported)
+            if circle:
+                return circle
+        path.pop()
+        done.add(name)
+        return []
+
+    for name in sorted(graph):
+        circle = visit(name)
+        if circle:
+            return circle
+    return []
+
+
+def test_the_graph_is_read():
+    graph = import_graph()
+    glue = "torch._inductor.kernel.collective_autotuning"
+    assert "torch._inductor.kernel.collective_selection" in graph[glue]
+    assert "torch._inductor.runtime.collective_protocol" in graph[
+        "torch._inductor.runtime.collective_benchmarking"
+    ]  # a relative import
+
+
+def test_collective_modules_import_one_way():
+    assert find_circle(import_graph()) == []
+
+
+def test_a_circle_is_found():
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]

@@ -1,0 +1,219 @@
+"""A collective op's choices as every rank names and screens them alike.
+
+Ranks vote on choices by name, so a choice is named by its implementation and the
+parameters its config set (:func:`choice_label`: ``chunked_all_reduce(chunks=4)``), and
+the op's own implementation is :data:`DEFAULT`, whatever Inductor numbered them. A
+choice that cannot be used says why (:func:`trace_failure`) from what tracing shows
+alike on every rank: its implementation raised while traced
+(:func:`guarded_implementation`), or it reads a collective's output before waiting
+for it (:func:`unwaited_collective`). The op's own implementation is made a complete
+choice at every compile (:func:`complete_default_choice`): it is what every rank falls
+back to.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+
+import torch
+from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
+
+
+if TYPE_CHECKING:
+    from torch._inductor.ir import ChoiceCaller
+
+
+log = logging.getLogger(__name__)
+
+# The label of the op's own implementation among its choices.
+DEFAULT = "default"
+
+
+def schema_arguments(op: Any) -> set[str]:
+    """The names of ``op``'s arguments (none for an op without a schema)."""
+    return {a.name for a in op._schema.arguments} if hasattr(op, "_schema") else set()
+
+
+def choice_label(choice: ChoiceCaller, op: Any = None) -> str:
+    """A choice's readable name: its implementation and the parameters its config set
+    (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
+    The same on every rank, whatever Inductor numbered the choice."""
+    decomposition = getattr(choice, "decomposition", None)
+    if getattr(choice, "gm", None) is None or decomposition is None:
+        return DEFAULT
+    return label(
+        decomposition.__name__, getattr(choice, "decomposition_kwargs", {}), schema_arguments(op)
+    )
+
+
+def label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
+    """The label of ``implementation`` called with ``kwargs``, of which the op's own
+    arguments (``schema``) are no parameters of the choice."""
+    params = {k: v for k, v in sorted(kwargs.items()) if k not in schema}
+    if not params:
+        return implementation
+    return f"{implementation}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+
+
+def the_op_itself(op: Any, schema: set[str]) -> Callable[..., Any]:
+    """A stand-in implementation: the op's own call (never chosen; its name is no
+    implementation's)."""
+
+    def the_op_itself(*args: Any, **kwargs: Any) -> Any:
+        return op(*args, **{k: v for k, v in kwargs.items() if k in schema})
+
+    return the_op_itself
+
+
+def guarded_implementation(decomposition: Callable[..., Any], op: Any) -> Callable[..., Any]:
+    """``decomposition``, traced as the op itself where it raises while traced, with
+    the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
+    from torch.fx.experimental import symbolic_shapes
+
+    # Upstream skips implementations that add guards (torch 2.13 raises these while it
+    # traces), on every rank alike: they pass through.
+    guard_errors = tuple(
+        e for e in (getattr(symbolic_shapes, "_ShapeEnvGuardError", None), AssertionError) if e
+    )
+    instead = the_op_itself(op, schema_arguments(op))
+
+    @functools.wraps(decomposition)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return decomposition(*args, **kwargs)
+        except guard_errors:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported to the group by the choice
+            guarded.trace_failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"  # type: ignore[attr-defined]
+            log.debug("implementation %s raised while traced", decomposition.__name__, exc_info=True)
+            return instead(*args, **kwargs)
+
+    guarded.trace_failure = ""  # type: ignore[attr-defined]
+    return guarded
+
+
+def trace_failure(choice: ChoiceCaller) -> str:
+    """Why ``choice`` cannot be used, as tracing shows alike on every rank, or ""."""
+    return getattr(getattr(choice, "decomposition", None), "trace_failure", "") or (
+        unwaited_collective(getattr(choice, "gm", None))
+    )
+
+
+def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
+    """Why ``gm`` (a choice's traced implementation) reads what one of its collectives
+    writes before waiting for it, or "".
+
+    A functional collective only issues the communication; its output (for an in-place
+    one, its input too) holds the result once ``wait_tensor`` returned. Read earlier,
+    it holds whatever the communication wrote so far: a result that differs from run
+    to run and from rank to rank, which no correctness screen can catch reliably.
+    """
+    if gm is None:
+        return ""
+    wait = torch.ops._c10d_functional.wait_tensor.default
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:
+        target = node.target
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "_c10d_functional" or target is wait:
+            continue
+        written = [node]
+        if target._schema.is_mutable:  # all_reduce_ and the like write their input too
+            written += [a for a in node.args if isinstance(a, torch.fx.Node)]
+        for tensor in written:
+            for user in tensor.users:
+                if user is not node and user.target is not wait and order[user] > order[node] and not any(
+                    w.target is wait and order[w] < order[user] for w in node.users
+                ):
+                    return (
+                        f"reads the output of {target.name()} before wait_tensor (in {user.name}): "
+                        "its result races with the communication"
+                    )
+    return ""
+
+
+def needs_symmetric_memory(choice: ChoiceCaller) -> bool:
+    """Whether ``choice``'s traced graph calls symmetric-memory ops."""
+    gm = getattr(choice, "gm", None)
+    return gm is not None and any(
+        node.op == "call_function" and uses_symmetric_memory(node.target)
+        for node in gm.graph.nodes
+        if isinstance(node.target, torch._ops.OpOverload)
+    )
+
+
+def default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
+    """The op's own implementation (the extern fallback choice), else the first."""
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    return next((c for c in choices if isinstance(c, ExternKernelCaller)), choices[0])
+
+
+# torch 2.11's op's-own-implementation choices made here, one per autotune name.
+_default_choices: dict[str, Any] = {}
+
+
+def complete_default_choice(
+    name: str, choices: list[ChoiceCaller], op: Any, non_tensor_args: Sequence[dict[str, Any]]
+) -> None:
+    """Make the op's own implementation a complete choice, present at every compile.
+
+    It is what every rank falls back to when the group does not assemble, so ranks
+    with different compile histories must list it alike. torch 2.13 always appends
+    it, with the op's non-tensor arguments bound. torch 2.11 appends it only the
+    first time the op is compiled in a process (its extern kernel's name is taken
+    afterwards) and without those arguments, so it could not become the op's output
+    node: here it gets them, and where it is missing it is appended as 2.13 does it,
+    one extern choice per op with the arguments bound at each compile, under 2.11's
+    name for it.
+    """
+    from torch._inductor.select_algorithm import ExternKernelCaller, ExternKernelChoice
+
+    names = schema_arguments(op)
+    kwargs = {k: v for k, v in (non_tensor_args or [{}])[0].items() if k in names}
+    default = default_choice(choices)
+    if isinstance(default, ExternKernelCaller):
+        if not default.kwargs:
+            default.kwargs = kwargs
+        return
+    if not hasattr(op, "_op"):  # not an OpOverload: nothing to call
+        return
+    if name not in _default_choices:
+        _default_choices[name] = ExternKernelChoice(
+            op,
+            name=f"{name}_collective_fallback",
+            has_out_variant=False,
+            op_overload=op,
+            use_fallback_kernel=True,
+        )
+    template = choices[0]
+    default = _default_choices[name].bind(template.input_nodes, template.layout, **kwargs)
+    default.name = f"{name}_fallback_default"
+    choices.append(default)
+
+
+class RangeWinner:
+    """The winner of one range of a range-based op, as the range-based lowering reads
+    it: the implementation to dispatch to, but no graph. torch 2.13 inlines a winning
+    graph into the model at every range and keeps only the dispatch; an inlined
+    collective stays in the graph (it has side effects) and would run on every call."""
+
+    gm = None
+
+    def __init__(self, winner: ChoiceCaller, default: ChoiceCaller, op: Any) -> None:
+        self.name = winner.name
+        self.decomposition = getattr(winner, "decomposition", None)
+        self.decomposition_kwargs = getattr(winner, "decomposition_kwargs", {})
+        self.config_patches = getattr(winner, "config_patches", {})
+        if self.decomposition is None:
+            # The op's own implementation: dispatched to as a call of the op. torch 2.11
+            # would trace the op's Python body instead, which a collective's c10d
+            # calls do not survive.
+            self.decomposition = the_op_itself(op, schema_arguments(op))
+            self.decomposition_kwargs = {}
+        self._default = default
+
+    def output_node(self) -> Any:
+        # Unused by the range-based lowering, so removed with the graph's dead code.
+        return self._default.output_node()

@@ -1,0 +1,248 @@
+"""Timing a key's choices on this rank, in lockstep with its group, and the winner.
+
+Once the group agreed to benchmark a key (kernel/collective_graph.py), each rank
+compiles its choices (:func:`build`: with the call site's pointwise neighbours, or for
+any size where the key is a range of a dynamic op), makes the benchmark inputs as
+Inductor makes them (in symmetric memory where a choice needs it), and hands one runner
+per choice to runtime/collective_benchmarking's CollectiveBenchmarker
+(:func:`benchmark`). The timings it returns are identical on every rank, and so is the
+winner :func:`pick` takes from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+
+import torch
+from torch._inductor.kernel import collective_dispatch
+from torch._inductor.kernel.collective_choice_modules import (
+    compiled_module,
+    implementation_of,
+    Neighbours,
+)
+from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory
+from torch._inductor.runtime.collective_benchmarking import (
+    BenchmarkSettings,
+    Candidate,
+    ChoiceTiming,
+    CollectiveBenchmarker,
+    TIE_FRACTION,
+)
+
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from torch._inductor.ir import ChoiceCaller
+    from torch._inductor.runtime.collective_protocol import CollectiveSession
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkInputs:
+    """What Inductor makes a call site's benchmark inputs from: the
+    AlgorithmSelectorCache (its ``get_inputs``), the site's input nodes, its output
+    layout and the op's input generators."""
+
+    selector: Any
+    input_nodes: list[Any]
+    layout: Any
+    input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]]
+
+
+def timing_mode(settings: BenchmarkSettings, device: torch.device, cudagraphs: bool) -> str:
+    """How to time: as the model runs, or in CUDA graphs where the op was registered
+    with ``benchmark_with_cudagraphs``."""
+    if cudagraphs and settings.mode == "auto":
+        if device.type == "cuda":
+            return "graph"
+        _warn_cudagraphs_on_cpu()
+    return settings.timing_mode(device)
+
+
+@functools.lru_cache(None)
+def _warn_cudagraphs_on_cpu() -> None:
+    log.warning("benchmark_with_cudagraphs has no effect on CPU: CUDA graphs need CUDA")
+
+
+def timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neighbours:
+    """The neighbours to time a site's choices with: none where a choice calls
+    symmetric-memory ops in its graph, whose inputs the benchmark places in symmetric
+    memory itself (a stand-in producer's output would not be). The same on every
+    rank: it reads the traced graphs."""
+    return Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
+
+
+def build(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> str:
+    """Compile ``choice`` of op ``name`` for benchmarking, with ``neighbours`` fused
+    in; why it cannot run here, or "" if it can."""
+    if needs_symmetric_memory(choice) and device.type != "cuda":
+        return "uses symmetric memory, which needs CUDA"
+    try:
+        if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
+            if choice._compiled_module is None:  # type: ignore[attr-defined]
+                if collective_dispatch.is_range(name):
+                    module = collective_dispatch.benchmark_module(choice)
+                elif neighbours != Neighbours():
+                    module = compiled_module(
+                        choice, neighbours.around(implementation_of(choice)), symbolic=False
+                    )
+                else:
+                    module = choice._compile_for_benchmarking()  # type: ignore[attr-defined]
+                choice._compiled_module = module  # type: ignore[attr-defined]
+        else:
+            choice.to_callable()
+    except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there
+        log.debug("build failure of %s", choice.name, exc_info=True)
+        return f"does not build ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return ""
+
+
+def benchmark(
+    inputs: BenchmarkInputs,
+    by_label: dict[str, ChoiceCaller],
+    names: list[str],
+    process_group: ProcessGroup,
+    settings: BenchmarkSettings,
+    mode: str,
+    session: CollectiveSession,
+    keep_default: bool,
+    neighbours: Neighbours,
+) -> list[ChoiceTiming]:
+    """The group's timings of the choices ``names`` (labels of ``by_label``), in
+    lockstep with its other ranks in ``session``."""
+    choices = [by_label[n] for n in names]
+    args = inputs.selector.get_inputs(choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns)
+    tensors, _ = args.get_benchmark_tensors(False).unpack()
+    tensors = list(tensors)
+    # Vote topics carry these names, so they must be the same on every rank.
+    candidates = [Candidate(n, _runner(c, tensors, neighbours)) for n, c in zip(names, choices)]
+    if any(needs_symmetric_memory(c) for c in choices):
+        if not _move_to_symmetric_memory(tensors, process_group, session):
+            candidates = [
+                Candidate(cand.name, _unavailable("symmetric memory unavailable on this group"))
+                if needs_symmetric_memory(c) else cand
+                for c, cand in zip(choices, candidates)
+            ]
+    pristine = [t.clone() for t in tensors]
+
+    def reset_inputs() -> None:
+        for t, p in zip(tensors, pristine):
+            t.copy_(p)
+
+    reference = names.index(DEFAULT) if DEFAULT in names else 0
+    benchmarker = CollectiveBenchmarker(process_group, inputs.layout.device, settings, session, mode)
+    return benchmarker.benchmark(
+        candidates, reset_inputs, reference, keep=(reference,) if keep_default else ()
+    )
+
+
+def _runner(
+    choice: ChoiceCaller, inputs: list[torch.Tensor], neighbours: Neighbours
+) -> Callable[[], torch.Tensor]:
+    """One call of ``choice`` on ``inputs`` with ``neighbours`` around it, returning
+    its output."""
+    module = getattr(choice, "_compiled_module", None)
+    if module is not None:  # a subgraph choice, compiled by build with its neighbours
+        sym_inputs = list(choice.sym_input_values)  # type: ignore[attr-defined]
+        return lambda: module.call([*sym_inputs, *inputs])[0]
+    kernel = choice.to_callable()
+    if getattr(choice, "has_out_variant", False):
+        out = torch.empty_strided(
+            [int(s) for s in choice.layout.size],
+            [int(s) for s in choice.layout.stride],
+            dtype=choice.layout.dtype,
+            device=choice.layout.device,
+        )
+
+        def call(*args: torch.Tensor) -> torch.Tensor:
+            kernel(*args, out=out)
+            return out
+
+    else:
+        call = kernel
+    # The op's own implementation runs as an opaque call in the model, its
+    # neighbours as kernels of their own: so here.
+    with_neighbours = neighbours.around(call)
+    return lambda: with_neighbours(*inputs)
+
+
+def _move_to_symmetric_memory(
+    inputs: list[torch.Tensor], group: ProcessGroup, session: CollectiveSession
+) -> bool:
+    """Replace ``inputs`` by copies in symmetric memory of ``group`` (all ranks at once)."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    outcome = "ok"
+    moved = list(inputs)
+    try:
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+        for i, t in enumerate(inputs):
+            if t.is_contiguous():
+                buf = symm_mem.empty(t.shape, dtype=t.dtype, device=t.device)
+                symm_mem.rendezvous(buf, group.group_name)
+                moved[i] = buf.copy_(t)
+    except Exception as e:  # noqa: BLE001
+        outcome = f"failed: {type(e).__name__}: {e}"[:500]
+    if all(r == "ok" for r in session.vote("symmetric_memory", outcome)):
+        inputs[:] = moved
+        return True
+    log.warning(
+        "symmetric memory is not available on group %s (%s); its choices are dropped "
+        "on every rank",
+        group.group_name,
+        outcome,
+    )
+    return False
+
+
+def _unavailable(why: str) -> Callable[[], torch.Tensor]:
+    def run() -> torch.Tensor:
+        raise RuntimeError(why)
+
+    return run
+
+
+def pick(
+    names: list[str],
+    timings: Sequence[ChoiceTiming],
+    min_speedup_threshold: float,
+    below: Optional[tuple[str, str]] = None,
+) -> tuple[str, str]:
+    """The winner and why. ``below``: for a ladder range, the winner of the range just
+    below and its top size, which a tie at this range's top goes to."""
+    # The vector is identical on every rank; min() keeps the first of equal times.
+    best = min(range(len(names)), key=lambda i: timings[i].max_us)
+    if not math.isfinite(timings[best].max_us):
+        return DEFAULT, "every choice failed on some rank; using the op's own implementation"
+    because = "fastest on its slowest rank"
+    if below is not None and below[0] != names[best] and below[0] in names:
+        tied = names.index(below[0])
+        if timings[tied].max_us <= timings[best].max_us * (1 + TIE_FRACTION):
+            because = (
+                f"within {TIE_FRACTION:.0%} of {names[best]} at this range's top size on their "
+                f"slowest ranks, and the winner at {below[1]} below"
+            )
+            best = tied
+    own = next((t for t in timings if t.name == DEFAULT), None)
+    # A threshold of 1 asks for the fastest, a tie above included.
+    if (
+        min_speedup_threshold > 1.0
+        and names[best] != DEFAULT
+        and own is not None
+        and math.isfinite(own.max_us)
+        and timings[best].max_us * min_speedup_threshold > own.max_us
+    ):
+        return DEFAULT, (
+            f"{names[best]} is only {own.max_us / timings[best].max_us:.2f}x faster than "
+            f"the op's own implementation on its slowest rank, below "
+            f"min_speedup_threshold={min_speedup_threshold:g}"
+        )
+    return names[best], because
