@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU validation needs, on a machine whose python3 has torch 2.11/2.13:
-#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,dynamic,serving,torchrun,spawn]
+#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,dynamic,serving,kernels,torchrun,spawn]
 # (NPROC=2 on a 4-GPU machine: run it with CUDA_VISIBLE_DEVICES=0,1)
 # Logs and JSON land in OUTDIR. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as the machine sets them).
@@ -39,6 +39,10 @@ fi
 if has serving; then
   # An 8-layer model's step time at 1 .. 16384 tokens: one dynamic compile, static compiles, each implementation alone.
   timeout 420 torchrun --nproc_per_node="$N" benchmarks/serving_step.py --out "$OUT/serving_h200x$N.json" > "$OUT/serving_n$N.log" 2>&1; echo "serving rc=$?"
+fi
+if has kernels; then
+  # Inductor's own kernels for a dynamic token dimension against static ones (one GPU, no collective).
+  timeout 120 python3 benchmarks/dynamic_kernels.py --out "$OUT/dynamic_kernels_h200x1.json" > "$OUT/kernels.log" 2>&1; echo "kernels rc=$?"
 fi
 if has torchrun; then
   timeout 210 torchrun --nproc_per_node="$N" -m pytest test -q -k cuda > "$OUT/pytest_torchrun_n$N.log" 2>&1; echo "torchrun pytest rc=$?"
