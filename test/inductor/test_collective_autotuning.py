@@ -175,13 +175,13 @@ def test_slowest_rank_rule(world_size, uneven_ms, mean_uneven_ms, even_ms, devic
     uneven, even = timing["uneven"], timing["even"]
     slow_ms = float(uneven_ms.split(",")[0])
     # By construction "uneven" adds less delay on average over the ranks (the
-    # collective itself costs the same) and is faster on its fast ranks ...
+    # collective itself costs the same): a rule on the mean over ranks would pick it.
+    # (Its fast ranks' readings are not compared: each sample starts with an untimed
+    # call whose delay holds them up in the timed one, as a running model would, and
+    # a busy host adds as much again: a 2-core CI run read 9.5 ms on uneven's fastest
+    # rank against 8.0 ms on even's.)
     assert mean_uneven_ms < even_ms
-    if device == "cpu":
-        # On GPUs each sample starts with a rendezvous call, so a rank's delay
-        # holds up its peers as it would in a running model: no fast ranks left.
-        assert uneven.min_us < even.min_us
-    # ... but its slowest rank is slower than "even" is anywhere, so "even" wins.
+    # But its slowest rank is slower than "even" is anywhere, so "even" wins.
     assert uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
     assert uneven.max_us > even.max_us
     assert record.winner == even.name
