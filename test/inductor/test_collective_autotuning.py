@@ -175,16 +175,28 @@ def test_slowest_rank_rule(world_size, uneven_ms, mean_uneven_ms, even_ms, devic
     uneven, even = timing["uneven"], timing["even"]
     slow_ms = float(uneven_ms.split(",")[0])
     # By construction "uneven" adds less delay on average over the ranks (the
-    # collective itself costs the same): a rule on the mean over ranks would pick it.
-    # (Its fast ranks' readings are not compared: each sample starts with an untimed
-    # call whose delay holds them up in the timed one, as a running model would, and
-    # a busy host adds as much again: a 2-core CI run read 9.5 ms on uneven's fastest
-    # rank against 8.0 ms on even's.)
+    # collective itself costs the same). Its fast ranks' readings are not compared:
+    # each sample starts with an untimed call whose delay holds them up in the timed
+    # one, as a running model would, and a busy host adds as much again (a 2-core CI
+    # run read 9.5 ms on uneven's fastest rank against 8.0 ms on even's). The rule
+    # itself is pinned by test_the_pick_compares_slowest_ranks; this test checks the
+    # slowest rank's reading and the winner end to end.
     assert mean_uneven_ms < even_ms
     # But its slowest rank is slower than "even" is anywhere, so "even" wins.
     assert uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
     assert uneven.max_us > even.max_us
     assert record.winner == even.name
+
+
+def test_the_pick_compares_slowest_ranks():
+    # A pure function of the group's timings (identical on every rank): the choice
+    # fastest on its fastest rank, and on average, loses to the one fastest on its
+    # slowest rank.
+    from torch._inductor.kernel.collective_timing import pick
+    from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
+
+    timings = [ChoiceTiming("uneven", 12_000.0, 1_000.0, 1, "ok"), ChoiceTiming("even", 6_000.0, 5_500.0, 1, "ok")]
+    assert pick(["uneven", "even"], timings, 1.0, None)[0] == "even"
 
 
 # -- two groups of 2 inside a world of 4 ---------------------------------------------------------
