@@ -74,6 +74,18 @@ def _(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
 # The tags of the implementations that ran (eagerly or inside a compiled graph).
 ran: list[str] = []
 
+# Per implementation, at each run of its Python body (that is, each time it is traced):
+# how many collective decisions this process had recorded by then.
+traced_at: dict[str, list[int]] = {}
+
+
+def _note_trace(name: str) -> None:
+    if torch.compiler.is_dynamo_compiling():
+        return  # a size dispatch's branch, which Dynamo checks
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+    traced_at.setdefault(name, []).append(len(collective_autotune_records()))
+
 
 @torch.library.custom_op("cat_test::mark", mutates_args=())
 def mark(x: torch.Tensor, tag: str) -> torch.Tensor:
@@ -306,6 +318,7 @@ def flat_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Te
 
 def per_row_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
     """An all-reduce that costs 1 ms per row: faster than flat_cost below 20 rows."""
+    _note_trace("per_row_cost")
     out = delay_rows(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), 1.0)
     return mark(out, "per_row_cost")
 

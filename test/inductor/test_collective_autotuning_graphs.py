@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.kernel.collective_graph import SETTLED_IN_GRAPH
 
 import collective_ops as ops
 from collective_harness import assert_all_ok, compile_and_check, DEVICES, Rank, run_ranks
@@ -250,6 +251,8 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0) -> dict:
         "frames": counter.frame_count,
         "records": collective_autotune_records()[start:],
         "builds": counters["inductor"]["collective_autotune_range_builds"] - builds,
+        # How many of this compile's decisions were recorded at each trace of per_row_cost.
+        "per_row_cost_traced_at": [n - start for n in ops.traced_at.get("per_row_cost", ()) if n >= start],
     }
 
 
@@ -287,6 +290,10 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
                        "17_64": "opaque", "65_inf": "default"}
     assert a["ran"] == b["ran"] == {2: ["per_row_cost"], 30: ["opaque"], 100: []}
     assert a["frames"] == b["frames"] == 1
+    # The later sites take the ranges the first settled without tracing a choice again:
+    # per_row_cost is traced only while the first site decides its five ranges.
+    assert [r.reason for r in a["records"][5:]] == [SETTLED_IN_GRAPH] * 15
+    assert a["per_row_cost_traced_at"] and max(a["per_row_cost_traced_at"]) < 5
 
 
 def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():

@@ -115,7 +115,9 @@ def prepare_choices(
     config_patches_list: Optional[Sequence[dict[str, Any]]] = None,
     min_speedup_threshold: float = 1.0,
     benchmark_with_cudagraphs: bool = False,
-) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], Optional[list[dict[str, Any]]]]:
+) -> tuple[
+    list[Callable[..., Any]], list[dict[str, Any]], Optional[list[dict[str, Any]]], Optional[RangeWinner]
+]:
     """Ready an op's inputs and implementations before its choices are traced.
 
     Inputs are realized: an unrealized (pointwise) input has no strides for the
@@ -127,9 +129,12 @@ def prepare_choices(
     dying alone while its peers wait. Where the op's group decided the call site's
     key already, only the winner is traced (and the first implementation, whose
     arguments upstream gives the op's own implementation): a model's hundredth
-    layer costs no more to compile than an untuned one.
+    layer costs no more to compile than an untuned one. Where an earlier call site of
+    the graph settled a range of a dynamic op, nothing is traced: the range's winner
+    is all that the range-based lowering reads of it.
 
-    Returns the implementations, their arguments and their config patches to trace.
+    Returns the implementations, their arguments and their config patches to trace,
+    and the winner of a range settled so (None otherwise), to return untraced.
     """
     from torch._inductor.ir import TensorBox
 
@@ -139,11 +144,23 @@ def prepare_choices(
             inp.realize()
     schema = schema_arguments(op)
     labels = [label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
-    keep = list(range(len(decompositions)))
-    winner = collective_selection.decided_before_tracing(
-        name, labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs,
-        neighbours,
+    collective_selection.forget_prepared(name)  # an earlier compile's, whatever this one finds
+    call = collective_selection.tuned_call(
+        labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs
     )
+    settled = collective_selection.settled_range(name, call) if call else None
+    if settled is not None:
+        _keep(settled)
+        i = labels.index(settled.winner) if settled.winner in labels else None  # None: the op's own
+        return list(decompositions), list(non_tensor_args), config_patches_list, RangeWinner(
+            settled.winner,
+            None if i is None else guarded_implementation(decompositions[i], op),
+            {} if i is None else non_tensor_args[i],
+            None if i is None or config_patches_list is None else config_patches_list[i],
+            op,
+        )
+    keep = list(range(len(decompositions)))
+    winner = collective_selection.decided_before_tracing(name, call, neighbours) if call else None
     traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
         keep = [i for i, candidate in enumerate(labels) if i == 0 or candidate == winner]
@@ -155,7 +172,7 @@ def prepare_choices(
     def kept(items: Optional[Sequence[Any]]) -> Any:
         return None if items is None else [items[i] for i in keep]
 
-    return kept(traced), kept(non_tensor_args), kept(config_patches_list)
+    return kept(traced), kept(non_tensor_args), kept(config_patches_list), None
 
 
 def detect_collective(
@@ -245,6 +262,24 @@ def select_collective_choice(
 
 def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]) -> ChoiceCaller:
     """Log ``record``, keep it, and return the choice it names."""
+    _keep(record)
+    choice = by_label.get(record.winner)
+    if choice is None:
+        raise CollectiveAutotuneError(
+            f"{record.op}: the group decided on {record.winner} ({record.reason}), "
+            f"which this rank does not have; its choices: {list(by_label)}"
+        )
+    log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
+    if collective_dispatch.is_range(record.op):
+        return RangeWinner(  # type: ignore[return-value]
+            choice.name, getattr(choice, "decomposition", None), getattr(choice, "decomposition_kwargs", {}),
+            getattr(choice, "config_patches", None), _ops.get(record.op), by_label[DEFAULT],
+        )
+    return choice
+
+
+def _keep(record: CollectiveAutotuneRecord) -> None:
+    """Log ``record`` and keep it."""
     import torch.distributed as dist
 
     keep_record(record)
@@ -256,16 +291,6 @@ def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller])
     )
     if dist.get_rank() == record.group_ranks[0]:
         table_log.info("%s", format_record(record))
-    choice = by_label.get(record.winner)
-    if choice is None:
-        raise CollectiveAutotuneError(
-            f"{record.op}: the group decided on {record.winner} ({record.reason}), "
-            f"which this rank does not have; its choices: {list(by_label)}"
-        )
-    log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
-    if collective_dispatch.is_range(record.op):
-        return RangeWinner(choice, by_label[DEFAULT], _ops.get(record.op))  # type: ignore[return-value]
-    return choice
 
 
 @functools.lru_cache(None)

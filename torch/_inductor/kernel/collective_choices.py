@@ -197,23 +197,30 @@ class RangeWinner:
     """The winner of one range of a range-based op, as the range-based lowering reads
     it: the implementation to dispatch to, but no graph. torch 2.13 inlines a winning
     graph into the model at every range and keeps only the dispatch; an inlined
-    collective stays in the graph (it has side effects) and would run on every call."""
+    collective stays in the graph (it has side effects) and would run on every call.
+
+    ``decomposition`` is None for the op's own implementation: dispatched to as a call
+    of the op. torch 2.11 would trace the op's Python body instead, which a
+    collective's c10d calls do not survive. ``default`` is the op's own choice, where
+    the range's choices were traced."""
 
     gm = None
 
-    def __init__(self, winner: ChoiceCaller, default: ChoiceCaller, op: Any) -> None:
-        self.name = winner.name
-        self.decomposition = getattr(winner, "decomposition", None)
-        self.decomposition_kwargs = getattr(winner, "decomposition_kwargs", {})
-        self.config_patches = getattr(winner, "config_patches", {})
-        if self.decomposition is None:
-            # The op's own implementation: dispatched to as a call of the op. torch 2.11
-            # would trace the op's Python body instead, which a collective's c10d
-            # calls do not survive.
-            self.decomposition = the_op_itself(op, schema_arguments(op))
-            self.decomposition_kwargs = {}
+    def __init__(
+        self,
+        name: str,
+        decomposition: Optional[Callable[..., Any]],
+        kwargs: dict[str, Any],
+        config_patches: Optional[dict[str, Any]],
+        op: Any,
+        default: Optional[ChoiceCaller] = None,
+    ) -> None:
+        self.name = name
+        self.decomposition = decomposition or the_op_itself(op, schema_arguments(op))
+        self.decomposition_kwargs = kwargs if decomposition else {}
+        self.config_patches = config_patches or {}
         self._default = default
 
     def output_node(self) -> Any:
         # Unused by the range-based lowering, so removed with the graph's dead code.
-        return self._default.output_node()
+        return self._default.output_node() if self._default else None

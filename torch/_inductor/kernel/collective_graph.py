@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 # Counter names that carry a compiled graph's collective decisions into its cache entry.
 _SITE_COUNTER = "collective_autotune_site:"
 
+# Why a site takes the decision an earlier site of the same graph settled for its key.
+SETTLED_IN_GRAPH = "decided at an earlier site of this graph"
+
 # Ops registered for autotuning whose name or schema says they communicate.
 _collective_ops: set[str] = set()
 
@@ -166,6 +169,13 @@ def session_for(group: ProcessGroup, timeout: float) -> GroupSession:
     return sessions[group.group_name]
 
 
+def joined_session(group: ProcessGroup) -> Optional[GroupSession]:
+    """The session of the graph being lowered on ``group``, once joined (no waiting)."""
+    from torch._inductor.virtualized import V
+
+    return _graph_sessions.get(V.graph, {}).get(group.group_name)
+
+
 def _timing_context() -> tuple[Any, ...]:
     """What changes keys without changing the graph: how the model will run."""
     from torch._inductor import config
@@ -273,7 +283,7 @@ def agree_key(
     """
     settled = session.settled.get(key)
     if settled is not None:
-        return SiteDecision("use", (settled,), "decided at an earlier site of this graph", "job"), session
+        return SiteDecision("use", (settled,), SETTLED_IN_GRAPH, "job"), session
     if not session.votes:
         followed = _follow(session, key, default)
         if followed is not None:

@@ -1,9 +1,10 @@
 """One collective-tuned call site's decision, the group's and identical on every rank.
 
-Before a site's choices are traced, :func:`decided_before_tracing` reads whether the
-group decided the site's key already (a read of the Store, no waiting), or whether a
-range of a dynamic op takes the winner of its neighbouring sizes: then only the winner
-is traced. After, :func:`decide_site` takes the group's decision for the key from the
+Before a site's choices are traced, :func:`settled_range` finds the ranges of a
+dynamic op that an earlier site of the graph settled (nothing is traced for them), and
+:func:`decided_before_tracing` reads whether the group decided the site's key already
+(a read of the Store, no waiting), or whether a range of a dynamic op takes the winner
+of its neighbouring sizes: then only the winner is traced. After, :func:`decide_site` takes the group's decision for the key from the
 graph's session (kernel/collective_graph.py): a decision made earlier in the job, one
 every rank stored on disk (runtime/collective_decisions.py), or a benchmark of the
 choices in lockstep on every rank of the group (kernel/collective_timing.py), and
@@ -76,22 +77,42 @@ class _Prepared:
 _prepared: dict[str, _Prepared] = {}
 
 
-def decided_before_tracing(
-    name: str,
+def forget_prepared(name: str) -> None:
+    """Drop what an earlier compile prepared for op ``name``, before this one prepares it."""
+    _prepared.pop(name, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedCall:
+    """A collective op's call about to be tuned: its group, how its choices would be
+    timed, its choices' labels (the op's own last), inputs and threshold."""
+
+    group: ProcessGroup
+    settings: BenchmarkSettings
+    device: torch.device
+    mode: str
+    labels: tuple[str, ...]
+    inputs: Sequence[Any]
+    min_speedup_threshold: float
+
+    def key(self, site: str, neighbours: Neighbours) -> str:
+        """The decision's key at ``site`` (the op's name, or one of its ranges)."""
+        return site_key(site, self.inputs, self.labels, self.mode, self.min_speedup_threshold, neighbours)
+
+
+def tuned_call(
     labels: list[str],
     inputs: Sequence[Any],
     op: Any,
     non_tensor_args: Sequence[dict[str, Any]],
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
-    neighbours: Neighbours,
-) -> Optional[str]:
-    """The group's decision for this call site's key if it is known already (a read
-    of the Store, no waiting), for ops whose name or arguments say they communicate."""
+) -> Optional[TunedCall]:
+    """The call of ``op`` being lowered, for ops whose name or arguments say they
+    communicate while collective tuning is on; None otherwise."""
     import torch.distributed as dist
     from torch._inductor import config
 
-    _prepared.pop(name, None)  # an earlier compile's, whatever this one finds
     if not (
         names_a_collective(op)
         and config.collective_autotune
@@ -108,12 +129,57 @@ def decided_before_tracing(
     settings = BenchmarkSettings.from_config()
     device = benchmark_device(inputs[0].get_device())
     mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    labels = (*labels, DEFAULT)
+    return TunedCall(group, settings, device, mode, (*labels, DEFAULT), inputs, min_speedup_threshold)
+
+
+def settled_range(name: str, call: TunedCall) -> Optional[CollectiveAutotuneRecord]:
+    """The record of ladder range ``name`` where an earlier call site of the graph
+    being lowered settled its key; None otherwise.
+
+    Then the range-based lowering needs only the winner's implementation, and no choice
+    is traced: every layer of a model after the first would otherwise trace each of its
+    ranges' winners again (eight ranges per site by default), for nothing. The session
+    settled the key on every rank alike, and using it asks nothing of the group, exactly
+    as :func:`decide_site` would.
+    """
+    session = collective_graph.joined_session(call.group)
+    if session is None or not collective_dispatch.is_range(name):
+        return None
+    key = call.key(name, Neighbours())
+    if key not in session.settled:
+        return None
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    started = time.monotonic()
+    counters["inductor"]["collective_autotune_sites"] += 1
+    winner = collective_graph.settle_key(
+        session, key, session.settled[key], name, environment(call.group, call.device)
+    )
+    return CollectiveAutotuneRecord(
+        op=name,
+        group_name=call.group.group_name,
+        group_ranks=tuple(dist.get_process_group_ranks(call.group)),
+        key=key,
+        session=session.session.key,
+        decision="use",
+        source="job",
+        reason=collective_graph.SETTLED_IN_GRAPH,
+        timings=(),
+        winner=winner,
+        mode=call.mode,
+        tuning_s=time.monotonic() - started,
+    )
+
+
+def decided_before_tracing(name: str, call: TunedCall, neighbours: Neighbours) -> Optional[str]:
+    """The group's decision for the key of ``call`` at ``name`` if it is known already
+    (a read of the Store, no waiting)."""
 
     def key_of(site: str) -> str:
-        return site_key(site, inputs, labels, mode, min_speedup_threshold, neighbours)
+        return call.key(site, neighbours)
 
-    decisions = collective_graph.group_decisions(group, settings.timeout)
+    decisions = collective_graph.group_decisions(call.group, call.settings.timeout)
     key = key_of(name)
 
     def decided(site: str) -> Optional[str]:
@@ -122,10 +188,10 @@ def decided_before_tracing(
     # Every rank interpolates alike, whoever published first.
     between = collective_dispatch.interpolated(name, decided)
     if between is not None:
-        _prepared[name] = _Prepared(key, labels, neighbours, "ladder", between[1])
+        _prepared[name] = _Prepared(key, call.labels, neighbours, "ladder", between[1])
         return decisions.publish(key, between[0])
     _prepared[name] = _Prepared(
-        key, labels, neighbours, below=collective_dispatch.decided_below(name, decided)
+        key, call.labels, neighbours, below=collective_dispatch.decided_below(name, decided)
     )
     return decisions.get(key)
 
