@@ -236,6 +236,7 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0) -> dict:
 
     start = len(collective_autotune_records())
     builds = counters["inductor"]["collective_autotune_range_builds"]
+    dispatch_traces = counters["inductor"]["collective_autotune_dispatch_traces"]
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
     compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
@@ -251,6 +252,7 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0) -> dict:
         "frames": counter.frame_count,
         "records": collective_autotune_records()[start:],
         "builds": counters["inductor"]["collective_autotune_range_builds"] - builds,
+        "dispatch_traces": counters["inductor"]["collective_autotune_dispatch_traces"] - dispatch_traces,
         # How many of this compile's decisions were recorded at each trace of per_row_cost.
         "per_row_cost_traced_at": [n - start for n in ops.traced_at.get("per_row_cost", ()) if n >= start],
     }
@@ -294,6 +296,8 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
     # per_row_cost is traced only while the first site decides its five ranges.
     assert [r.reason for r in a["records"][5:]] == [SETTLED_IN_GRAPH] * 15
     assert a["per_row_cost_traced_at"] and max(a["per_row_cost_traced_at"]) < 5
+    # Their dispatch, alike at every site, is traced once and copied.
+    assert a["dispatch_traces"] == b["dispatch_traces"] == 1
 
 
 def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
