@@ -111,6 +111,19 @@ def _(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def _all_reduce_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+    ctx.group_name, ctx.delay_ms = inputs[1], inputs[2]
+
+
+def _all_reduce_backward(ctx, grad):  # type: ignore[no-untyped-def]
+    # Every rank's output is the sum of every rank's input: the gradient of a loss summed
+    # over the ranks is the all-reduced gradient, a collective-tuned site of the backward.
+    return all_reduce(grad, ctx.group_name, ctx.delay_ms), None, None
+
+
+all_reduce.register_autograd(_all_reduce_backward, setup_context=_all_reduce_context)
+
+
 @torch.library.custom_op("cat_test::all_gather", mutates_args=())
 def all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
     group = group_of(group_name)

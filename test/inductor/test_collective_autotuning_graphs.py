@@ -300,6 +300,51 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
     assert a["dispatch_traces"] == b["dispatch_traces"] == 1
 
 
+def forward_and_backward_body(r: Rank) -> dict:
+    """Three layers with trainable weights, one dynamic compile: the weights' gradients at
+    sizes where each kind of winner runs, against eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
+    group = r.group.group_name
+    weights = [(torch.eye(4, device=r.device) / 2).requires_grad_() for _ in range(3)]
+
+    def model(x):
+        for w in weights:
+            x = x + ops.all_reduce(torch.relu(x @ w), group, "12")
+        return x
+
+    def gradients(fn, x):
+        for w in weights:
+            w.grad = None
+        fn(x).sum().backward()
+        return [w.grad for w in weights]
+
+    start = len(collective_autotune_records())
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+        for n in (8, 2, 30, 100):
+            x = torch.randn(n, 4, device=r.device)
+            torch.testing.assert_close(gradients(compiled, x), gradients(model, x), rtol=1e-4, atol=1e-4)
+    return {"frames": counter.frame_count, "records": collective_autotune_records()[start:]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_and_backward_dispatch_by_size_from_one_compile(device):
+    # The backward's all-reduce of the gradient is a collective-tuned site too: both
+    # graphs dispatch by size, and the gradients match eager at every kind of winner.
+    a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, device=device, timeout_s=200))
+    assert a["frames"] == b["frames"] == 1
+    assert [(r.op, r.winner) for r in a["records"]] == [(r.op, r.winner) for r in b["records"]]
+    # 3 sites in the forward graph and 3 in the backward, 5 ranges each; the backward
+    # takes the forward's decisions (same keys) untimed.
+    assert len(a["records"]) == 30
+    assert all(r.source == "job" for r in a["records"][15:])
+    assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
+
+
 def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
     # The pick itself: a pure function of the group's timings (identical on every rank).
     from torch._inductor.kernel.collective_timing import pick
