@@ -4,11 +4,12 @@ Before a site's choices are traced, :func:`settled_range` finds the ranges of a
 dynamic op that an earlier site of the graph settled (nothing is traced for them), and
 :func:`decided_before_tracing` reads whether the group decided the site's key already
 (a read of the Store, no waiting), or whether a range of a dynamic op takes the winner
-of its neighbouring sizes: then only the winner is traced. After, :func:`decide_site` takes the group's decision for the key from the
-graph's session (kernel/collective_graph.py): a decision made earlier in the job, one
-every rank stored on disk (runtime/collective_decisions.py), or a benchmark of the
-choices in lockstep on every rank of the group (kernel/collective_timing.py), and
-returns this rank's record of it.
+of its neighbouring sizes: then only the winner is traced. After, :func:`decide_site`
+takes the group's decision for the key from the graph's session
+(kernel/collective_graph.py): a decision made earlier in the job, one every rank stored
+on disk (runtime/collective_decisions.py), or a benchmark of the choices in lockstep on
+every rank of the group (kernel/collective_timing.py), and returns this rank's record
+of it.
 """
 
 from __future__ import annotations
