@@ -290,6 +290,9 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
     winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
     assert winners == {"1_1": "per_row_cost", "2_4": "per_row_cost", "5_16": "opaque",
                        "17_64": "opaque", "65_inf": "default"}
+    # Timed as the site runs where one implementation wins every range: between relu and
+    # the residual add.
+    assert {r.timed_with for r in a["records"][:5] if r.source == "benchmark"} == {"producer+consumer"}
     assert a["ran"] == b["ran"] == {2: ["per_row_cost"], 30: ["opaque"], 100: []}
     assert a["frames"] == b["frames"] == 1
     # The later sites take the ranges the first settled without tracing a choice again:
@@ -338,10 +341,15 @@ def test_forward_and_backward_dispatch_by_size_from_one_compile(device):
     a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, device=device, timeout_s=200))
     assert a["frames"] == b["frames"] == 1
     assert [(r.op, r.winner) for r in a["records"]] == [(r.op, r.winner) for r in b["records"]]
-    # 3 sites in the forward graph and 3 in the backward, 5 ranges each; the backward
-    # takes the forward's decisions (same keys) untimed.
+    # 3 sites in the forward graph and 3 in the backward, 5 ranges each. Each graph's
+    # first site decides the ranges, timed with what it fuses with there (the forward's
+    # relu and residual add; the backward's relu gradient), and its later sites take them.
     assert len(a["records"]) == 30
-    assert all(r.source == "job" for r in a["records"][15:])
+    forward, backward = a["records"][:15], a["records"][15:]
+    assert {r.timed_with for r in forward[:5] if r.source == "benchmark"} == {"producer+consumer"}
+    assert {r.timed_with for r in backward[:5] if r.source == "benchmark"} == {"consumer"}
+    assert all(r.source == "job" for r in forward[5:] + backward[5:])
+    assert not {r.key for r in forward} & {r.key for r in backward}
     assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
 
 

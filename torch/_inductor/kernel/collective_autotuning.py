@@ -138,7 +138,7 @@ def prepare_choices(
     """
     from torch._inductor.ir import TensorBox
 
-    neighbours = neighbours_of_site(inputs, collective_dispatch.is_range(name))
+    neighbours = neighbours_of_site(inputs)
     for inp in inputs:
         if isinstance(inp, TensorBox):
             inp.realize()
@@ -148,7 +148,7 @@ def prepare_choices(
     call = collective_selection.tuned_call(
         labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs
     )
-    settled = collective_selection.settled_range(name, call) if call else None
+    settled = collective_selection.settled_range(name, call, neighbours) if call else None
     if settled is not None:
         _keep(settled)
         i = labels.index(settled.winner) if settled.winner in labels else None  # None: the op's own

@@ -16,9 +16,12 @@ subgraph (Inductor fuses them as it will in the model), eagerly around the op's 
 implementation (as the model runs an opaque op). The stand-in is a negation, which
 costs what a pointwise neighbour costs and keeps a linear collective's result (the
 correctness screen compares the choices' outputs as they are). What a site is fused
-with is part of its key. Size dispatches (kernel/collective_dispatch.py) are fusion
-barriers: ladder ranges are timed alone.
+with is part of its key. The ranges of a dynamic op (kernel/collective_dispatch.py) are
+timed with their call site's neighbours too: where one implementation wins every range
+there is no dispatch, and it runs fused as timed. (Where winners differ, the size
+dispatch is a fusion barrier: an inlined winner there pays the pass it was timed without.)
 
+:func:`module_for_benchmark` compiles a choice with its neighbours at its inputs' sizes;
 :func:`compiled_module` compiles a choice's implementation, with its neighbours or
 traced on symbolic sizes for every range of a dynamic op (collective_dispatch).
 """
@@ -57,9 +60,9 @@ class Neighbours:
         return with_neighbours
 
 
-def neighbours_of_site(inputs: Sequence[Any], in_size_dispatch: bool) -> Neighbours:
+def neighbours_of_site(inputs: Sequence[Any]) -> Neighbours:
     """What the call site being lowered fuses with: a pointwise kernel computing its
-    first input, a pointwise user of its result. Nothing inside a size dispatch.
+    first input, a pointwise user of its result.
 
     The producer is found as a pointwise computation, realized or not: the custom op's
     layout constraint realizes it as a copy before the lowering runs, and Inductor
@@ -67,7 +70,7 @@ def neighbours_of_site(inputs: Sequence[Any], in_size_dispatch: bool) -> Neighbo
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
-    if in_size_dispatch or not inputs:
+    if not inputs:
         return Neighbours()
     first = inputs[0]
     storage = first.data if isinstance(first, ir.TensorBox) else None
@@ -86,6 +89,14 @@ def implementation_of(choice: Any) -> Callable[..., Any]:
     """The user's implementation of a subgraph ``choice``, without the guard
     prepare_choices put around it (a failure here falls back; it is not the choice's)."""
     return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
+
+
+def module_for_benchmark(choice: Any, neighbours: Neighbours) -> Any:
+    """A subgraph ``choice`` compiled for the benchmark at its inputs' sizes, with
+    ``neighbours`` fused in (without any, as Inductor compiles its choices: no new trace)."""
+    if neighbours == Neighbours():
+        return choice._compile_for_benchmarking()
+    return compiled_module(choice, neighbours.around(implementation_of(choice)), symbolic=False)
 
 
 def compiled_module(choice: Any, implementation: Callable[..., Any], symbolic: bool) -> Any:

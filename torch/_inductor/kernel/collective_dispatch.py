@@ -38,6 +38,8 @@ from torch._inductor.kernel.collective_choice_modules import (
     compiled_module,
     guards_refused,
     implementation_of,
+    module_for_benchmark,
+    Neighbours,
 )
 from torch._inductor.kernel.collective_detection import names_a_collective
 
@@ -159,12 +161,13 @@ def _nearest_decided(
 _benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
-def benchmark_module(choice: Any) -> Any:
+def benchmark_module(choice: Any, neighbours: Neighbours) -> Any:
     """``choice``, an implementation of one range of a range-based op (a
     SubgraphChoiceCaller; the ladder's ranges or the user's split points), compiled for
-    the benchmark: one module per implementation and graph, for any size of the
-    dynamic dimension, called with each range's own sizes (``choice.sym_input_values``).
-    Counted in ``counters["inductor"]["collective_autotune_range_builds"]``.
+    the benchmark with the call site's ``neighbours``: one module per implementation
+    and graph, for any size of the dynamic dimension, called with each range's own
+    sizes (``choice.sym_input_values``). Counted in
+    ``counters["inductor"]["collective_autotune_range_builds"]``.
 
     Upstream traces the choices afresh at every range; compiling each of them again
     cost 0.25-0.4 s per range of four choices on GPUs (every kernel of a choice is
@@ -176,6 +179,7 @@ def benchmark_module(choice: Any) -> Any:
     key = (
         implementation_of(choice),
         repr(sorted(choice.decomposition_kwargs.items())),
+        str(neighbours),
         *((str(n.get_size()), str(n.get_stride()), n.get_dtype(), n.get_device()) for n in choice.input_nodes),
     )
     modules = _benchmark_modules.setdefault(V.graph, {})
@@ -183,22 +187,23 @@ def benchmark_module(choice: Any) -> Any:
         return modules[key]
     counters["inductor"]["collective_autotune_range_builds"] += 1
     if key not in modules:
-        modules[key] = _size_generic_module(choice)
+        modules[key] = _size_generic_module(choice, neighbours)
     # Without a size-generic module: this range's own, at its size.
-    return modules[key] if modules[key] is not None else choice._compile_for_benchmarking()
+    return modules[key] if modules[key] is not None else module_for_benchmark(choice, neighbours)
 
 
-def _size_generic_module(choice: Any) -> Any:
-    """``choice`` traced once more on its inputs' symbolic sizes and compiled for any
-    size; None where that trace would add guards on them (they would become the
-    model's guards, and the module would be right only at some sizes) or fails.
+def _size_generic_module(choice: Any, neighbours: Neighbours) -> Any:
+    """``choice`` with ``neighbours`` traced once more on its inputs' symbolic sizes and
+    compiled for any size; None where that trace would add guards on them (they would
+    become the model's guards, and the module would be right only at some sizes) or
+    fails.
 
     torch 2.11 traces a range's choices at the range's size, torch 2.13 on the symbolic
     sizes but afresh at every range: one trace more per implementation serves both.
     """
 
     try:
-        return compiled_module(choice, implementation_of(choice), symbolic=True)
+        return compiled_module(choice, neighbours.around(implementation_of(choice)), symbolic=True)
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",

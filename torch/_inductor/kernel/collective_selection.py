@@ -133,21 +133,22 @@ def tuned_call(
     return TunedCall(group, settings, device, mode, (*labels, DEFAULT), inputs, min_speedup_threshold)
 
 
-def settled_range(name: str, call: TunedCall) -> Optional[CollectiveAutotuneRecord]:
+def settled_range(name: str, call: TunedCall, neighbours: Neighbours) -> Optional[CollectiveAutotuneRecord]:
     """The record of ladder range ``name`` where an earlier call site of the graph
-    being lowered settled its key; None otherwise.
+    being lowered, fused with ``neighbours`` alike, settled its key; None otherwise.
 
     Then the range-based lowering needs only the winner's implementation, and no choice
     is traced: every layer of a model after the first would otherwise trace each of its
     ranges' winners again (eight ranges per site by default), for nothing. The session
     settled the key on every rank alike, and using it asks nothing of the group, exactly
-    as :func:`decide_site` would.
+    as :func:`decide_site` would. (Choices that use symmetric memory were timed without
+    neighbours, :func:`collective_timing.timed_with`: their key names none.)
     """
     session = collective_graph.joined_session(call.group)
     if session is None or not collective_dispatch.is_range(name):
         return None
-    key = call.key(name, Neighbours())
-    if key not in session.settled:
+    key = next((k for k in (call.key(name, neighbours), call.key(name, Neighbours())) if k in session.settled), None)
+    if key is None:
         return None
     import torch.distributed as dist
     from torch._dynamo.utils import counters

@@ -19,11 +19,7 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel import collective_dispatch
-from torch._inductor.kernel.collective_choice_modules import (
-    compiled_module,
-    implementation_of,
-    Neighbours,
-)
+from torch._inductor.kernel.collective_choice_modules import module_for_benchmark, Neighbours
 from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
@@ -88,13 +84,9 @@ def build(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Nei
         if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
             if choice._compiled_module is None:  # type: ignore[attr-defined]
                 if collective_dispatch.is_range(name):
-                    module = collective_dispatch.benchmark_module(choice)
-                elif neighbours != Neighbours():
-                    module = compiled_module(
-                        choice, neighbours.around(implementation_of(choice)), symbolic=False
-                    )
+                    module = collective_dispatch.benchmark_module(choice, neighbours)
                 else:
-                    module = choice._compile_for_benchmarking()  # type: ignore[attr-defined]
+                    module = module_for_benchmark(choice, neighbours)
                 choice._compiled_module = module  # type: ignore[attr-defined]
         else:
             choice.to_callable()
