@@ -141,14 +141,14 @@ def settled_range(name: str, call: TunedCall, neighbours: Neighbours) -> Optiona
     is traced: every layer of a model after the first would otherwise trace each of its
     ranges' winners again (eight ranges per site by default), for nothing. The session
     settled the key on every rank alike, and using it asks nothing of the group, exactly
-    as :func:`decide_site` would. (Choices that use symmetric memory were timed without
-    neighbours, :func:`collective_timing.timed_with`: their key names none.)
+    as :func:`decide_site` would.
     """
     session = collective_graph.joined_session(call.group)
     if session is None or not collective_dispatch.is_range(name):
         return None
-    key = next((k for k in (call.key(name, neighbours), call.key(name, Neighbours())) if k in session.settled), None)
-    if key is None:
+    # The key as decided_before_tracing took it at the first site.
+    key = call.key(name, neighbours)
+    if key not in session.settled:
         return None
     import torch.distributed as dist
     from torch._dynamo.utils import counters
