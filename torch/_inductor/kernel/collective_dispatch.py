@@ -180,7 +180,7 @@ def benchmark_module(choice: Any, neighbours: Neighbours) -> Any:
         implementation_of(choice),
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
-        *((str(n.get_size()), str(n.get_stride()), n.get_dtype(), n.get_device()) for n in choice.input_nodes),
+        *map(_layout_of, choice.input_nodes),
     )
     modules = _benchmark_modules.setdefault(V.graph, {})
     if modules.get(key) is not None:
@@ -211,6 +211,11 @@ def _size_generic_module(choice: Any, neighbours: Neighbours) -> Any:
         )
         log.debug("no size-generic module of %s", choice.name, exc_info=True)
         return None
+
+
+def _layout_of(node: Any) -> tuple[Any, ...]:
+    """What a module traced on IR node ``node`` depends on: its size, stride, dtype, device."""
+    return str(node.get_size()), str(node.get_stride()), node.get_dtype(), node.get_device()
 
 
 def _validate(ratio: Any, largest: Any) -> None:
@@ -379,7 +384,7 @@ def _traced_dispatch_of(
     key = (
         str(op), dim, repr(sorted(runtime_kwargs.items())),
         tuple((top, group.impl_name, repr(sorted(group.impl_kwargs.items()))) for top, group in branches),
-        tuple((str(t.get_size()), str(t.get_stride()), t.get_dtype(), t.get_device()) for t in tensor_inputs),
+        tuple(map(_layout_of, tensor_inputs)),
     )
     traced = _traced_dispatches.setdefault(V.graph, {})
     if key not in traced:
