@@ -3,10 +3,14 @@
 The serving model's layers ``x = x + all_reduce(relu(x @ w))`` with the all-reduce
 replaced by an opaque copy (a custom op Inductor cannot fuse into, as the op's own
 implementation and the symmetric-memory kernels are), compiled once with a dynamic token
-dimension (compiled at 100 tokens) and once per size (static). The device time of every
-kernel per step (torch.profiler, 10 steps) at each size shows how much of a dynamic
+dimension (compiled at 100 tokens), once per size (static), and twice more dynamic: with
+the token dimension bounded by the model (``torch._check(x.size(0) <= 16384)``: a serving
+model knows its largest batch), and compiled at the largest size. The device time of
+every kernel per step (torch.profiler, 10 steps) at each size shows how much of a dynamic
 model's loss against static compiles is Inductor's own: its kernels for a symbolic size.
-One GPU, no process group:
+Each compile's Triton kernels that index with 64-bit integers are listed (Inductor
+indexes in 32 bits only where it can prove that every index fits). One GPU, no process
+group:
 
     python3 benchmarks/dynamic_kernels.py --out benchmarks/results/dynamic_kernels_h200x1.json
 """
@@ -16,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import torch
+from torch._inductor.utils import run_and_get_code
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -26,6 +32,16 @@ LAYERS = 2
 COMPILE_TOKENS = 100
 TOKENS = (512, 4096, 16384)
 STEPS = 10
+# The compiles compared: (the model bounds its token dimension, the size the dynamic
+# compile is made at; None: static, one compile per size).
+COMPILES = {
+    "static": (False, None),
+    "dynamic": (False, COMPILE_TOKENS),
+    "dynamic_bounded": (True, COMPILE_TOKENS),
+    # Inductor autotunes a kernel's launch configuration at its first launch, which a
+    # dynamic compile makes at the size it is compiled at: here the largest.
+    "dynamic_at_largest": (False, max(TOKENS)),
+}
 
 
 @torch.library.custom_op("dynamic_kernels::opaque_copy", mutates_args=())
@@ -38,8 +54,10 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def make_model(weights: list[torch.Tensor]):
+def make_model(weights: list[torch.Tensor], bounded: bool):
     def model(x: torch.Tensor) -> torch.Tensor:
+        if bounded:
+            torch._check(x.size(0) <= max(TOKENS))
         for w in weights:
             x = x + opaque_copy(torch.relu(x @ w))
         return x
@@ -62,38 +80,57 @@ def kernel_us(fn, x: torch.Tensor) -> dict[str, float]:
     }
 
 
+def int64_kernels(codes: list[str]) -> list[str]:
+    """The names of the Triton kernels in the generated ``codes`` that index in 64 bits."""
+    # Each kernel's source is a string from its @triton.jit to the closing quotes.
+    sources = [k.split("'''", 1)[0] for code in codes for k in code.split("@triton.jit")[1:]]
+    return sorted({re.search(r"def (\w+)\(", k).group(1) for k in sources if "tl.int64" in k})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    # Each compile picks its kernels' launch configurations at their own first launch:
+    # Inductor's local autotune cache would give every compile of a kernel's source the
+    # configuration the first compile picked.
+    torch._inductor.config.autotune_local_cache = False
     gen = torch.Generator().manual_seed(0)
     weights = [(torch.randn(HIDDEN, HIDDEN, generator=gen) / HIDDEN**0.5).cuda().bfloat16() for _ in range(LAYERS)]
     rows = []
-    for dynamic in (False, True):
+    wide: dict[str, list[str]] = {}
+    for compile_, (bounded, compile_tokens) in COMPILES.items():
         torch._dynamo.reset()
-        compiled = torch.compile(make_model(weights), dynamic=None if dynamic else False)
-        if dynamic:
-            first = torch.randn(COMPILE_TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
-            torch._dynamo.mark_dynamic(first, 0)
-            compiled(first)
+        dynamic = compile_tokens is not None
+        compiled = torch.compile(make_model(weights, bounded), dynamic=None if dynamic else False)
+        codes = []
+        for tokens in (compile_tokens,) if dynamic else TOKENS:
+            first = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+            if dynamic:
+                torch._dynamo.maybe_mark_dynamic(first, 0)
+            codes += run_and_get_code(compiled, first)[1]
+        wide[compile_] = int64_kernels(codes)
         for tokens in TOKENS:
             kernels = kernel_us(compiled, torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16))
             rows.append({
-                "compile": "dynamic" if dynamic else "static", "tokens": tokens,
+                "compile": compile_, "tokens": tokens,
                 "step_device_us": round(sum(kernels.values()), 1), "kernels_us": kernels,
             })
     by = {(r["compile"], r["tokens"]): r["step_device_us"] for r in rows}
     result = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "hidden": HIDDEN,
         "layers": LAYERS, "compile_tokens": COMPILE_TOKENS, "rows": rows,
+        "int64_kernels": wide,
         "dynamic_loss_pct": {
-            t: round((by["dynamic", t] / by["static", t] - 1) * 100, 1) for t in TOKENS
+            compile_: {t: round((by[compile_, t] / by["static", t] - 1) * 100, 1) for t in TOKENS}
+            for compile_ in COMPILES if compile_ != "static"
         },
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result["dynamic_loss_pct"]))
+    print("kernels indexing in 64 bits:", json.dumps(wide))
     for r in rows:
         top = sorted(r["kernels_us"].items(), key=lambda kv: -kv[1])[:5]
         print(r["compile"], r["tokens"], r["step_device_us"], top)

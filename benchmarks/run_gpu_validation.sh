@@ -37,8 +37,9 @@ if has dynamic; then
   timeout 330 torchrun --nproc_per_node="$N" benchmarks/dynamic_sweep.py --out "$OUT/dynamic_h200x$N.json" > "$OUT/dynamic_n$N.log" 2>&1; echo "dynamic rc=$?"
 fi
 if has serving; then
-  # An 8-layer model's step time at 1 .. 16384 tokens: one dynamic compile, static compiles, each implementation alone.
-  timeout 420 torchrun --nproc_per_node="$N" benchmarks/serving_step.py --out "$OUT/serving_h200x$N.json" > "$OUT/serving_n$N.log" 2>&1; echo "serving rc=$?"
+  # An 8-layer model's step time at 1 .. 16384 tokens: one dynamic compile, static compiles, each implementation
+  # alone; and each one's device time per kernel.
+  timeout 420 torchrun --nproc_per_node="$N" benchmarks/serving_step.py --kernels --out "$OUT/serving_h200x$N.json" > "$OUT/serving_n$N.log" 2>&1; echo "serving rc=$?"
 fi
 if has kernels; then
   # Inductor's own kernels for a dynamic token dimension against static ones (one GPU, no collective).

@@ -35,7 +35,10 @@ ladder), after one such compile that builds the model's own kernels for both: th
 difference is what tuning the ladder adds to the compile. That first tuned compile also
 compiles the kernels of the modules it benchmarks, unless the machine's kernel cache
 holds them from an earlier job; a second tuned compile (a group of its own, so its
-decisions are made afresh) shows what tuning adds once they are cached.
+decisions are made afresh) shows what tuning adds once they are cached. With
+``--kernels`` each variant's device time per kernel at each size is recorded too
+(torch.profiler), to tell what the collective costs in a step from what the rest of the
+model's kernels cost in a dynamic compile.
 """
 
 from __future__ import annotations
@@ -226,7 +229,23 @@ def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.devi
             variants[name].step_us[tokens] = us
 
 
-def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: bool) -> dict[str, Any]:
+def kernel_breakdown(bench: Bench, variants: dict[str, Variant], device: torch.device) -> dict[str, Any]:
+    """Each variant's device µs per step at each size, by kernel (this rank's;
+    torch.profiler; every rank runs it, the steps being collective): where a step's
+    time goes, to tell the collective's share from the rest of the model's."""
+    from dynamic_kernels import kernel_us
+
+    breakdown: dict[str, Any] = {}
+    for t in bench.tokens:
+        x = token_input(bench, t, device, dynamic=False)
+        for name, v in variants.items():
+            kernels = kernel_us(v.models[t], x)
+            breakdown.setdefault(name, {})[t] = {"device_us": round(sum(kernels.values()), 1), "kernels_us": kernels}
+    return breakdown
+
+
+def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: bool,
+             kernels: bool) -> dict[str, Any]:
     world = list(range(dist.get_world_size()))
 
     def log(what: str, v: Variant) -> None:
@@ -272,6 +291,7 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
             variants[name] = compile_variant(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
                                              bench.tokens, True, False)
     measure_steps(bench, variants, device)
+    breakdown = kernel_breakdown(bench, variants, device) if kernels else None
     for name, variant in variants.items():
         log(name, variant)
 
@@ -302,6 +322,7 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
                       "dynamic_untuned": untuned.compile_s},
         "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
         "extra_compile_again_s": again.compile_s - untuned.compile_s,
+        **({"kernels": breakdown} if breakdown else {}),
     })
 
 
@@ -329,7 +350,7 @@ def run(args: argparse.Namespace) -> None:
         "implementations": [*bench.implementations, "default"],
         "compile_tokens": COMPILE_TOKENS,
         "collective_autotune_dynamic_max": bench.dynamic_max,
-        "modes": {mode: run_mode(bench, mode, args.layers, device, rank0) for mode in bench.modes},
+        "modes": {mode: run_mode(bench, mode, args.layers, device, rank0, args.kernels) for mode in bench.modes},
     }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     if rank0:
@@ -382,6 +403,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tokens", default="", help="comma-separated sizes (default: the device's)")
     parser.add_argument("--modes", default="", help="graph,eager (default: the device's)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also record each variant's device time per kernel at each size (GPUs)")
     run(parser.parse_args())
 
 
