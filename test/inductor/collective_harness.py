@@ -80,14 +80,15 @@ def run_ranks(
     """``body(Rank, *args)`` on ``world_size`` ranks; every rank's result, by rank.
 
     ``env`` is set on every rank for the body's duration; ``{rank}`` in a value is
-    replaced by the rank. Unless ``env`` names one, each rank gets a new, empty
-    Inductor cache dir: compiled graphs and stored decisions of other tests (or of a
-    peer rank, on a CPU where their cache keys coincide) must not stand in for this
-    test's tuning. Compiled kernels are shared (:func:`_share_kernels`). Self-spawned ranks that outlive ``timeout_s``
-    are killed and reported as having died. A body that ``breaks_the_group`` (a rank
-    dies, a collective is left hanging) only runs self-spawned, where the job ends
-    with it, as does one that ``restarts`` a job (a second call on the same cache dirs
-    must meet fresh processes and process groups of the same names).
+    replaced by the rank. Unless ``env`` names one, each rank gets a new Inductor cache
+    dir: compiled graphs and stored decisions of other tests (or of a peer rank, on a
+    CPU where their cache keys coincide) must not stand in for this test's tuning; its
+    compiled kernels are shared (:func:`_share_kernels`). Self-spawned ranks that
+    outlive ``timeout_s`` are killed and reported as having died. A body that
+    ``breaks_the_group`` (a rank dies, a collective is left hanging) only runs
+    self-spawned, where the job ends with it, as does one that ``restarts`` a job (a
+    second call on the same cache dirs must meet fresh processes and process groups of
+    the same names).
     """
     if device == "cuda" and torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
@@ -115,7 +116,8 @@ def _shared_kernels() -> str:
 
 # Inductor keeps what it builds by content hash in two-character folders of its cache
 # dir (C++ and Triton kernels, generated modules), named by the hash's second and third
-# characters (base32); its build locks sit beside them.
+# characters (base32); its build locks sit beside them. A folder of another name stays
+# the test's own: built afresh, as before.
 _BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
 _KERNEL_FOLDERS = [a + b for a in _BASE32 for b in _BASE32]
 
