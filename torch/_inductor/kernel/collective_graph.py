@@ -289,11 +289,14 @@ def agree_key(
         if followed is not None:
             return followed, session
         # This plan's session was held by an earlier compile, which did not meet this
-        # key (another timing mode, say): the key gets a session of its own.
+        # key (another timing mode, or a backward graph whose sites look like the
+        # forward's, say): the key gets a session of its own. What it settles is
+        # settled in this graph, for the key's later sites to reuse untraced.
         session = dataclasses.replace(
             _join(session.group, session.plan, session.session.timeout, loaded="",
                   name=digest(key, "key")),
             plan=session.plan,
+            settled=session.settled,
         )
         if not session.votes:
             # Its peers decided it in that session without this rank: they publish it.
