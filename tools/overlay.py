@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"
-SUPPORTED = ("2.11", "2.13")
+SUPPORTED = ("2.11", "2.13", "2.14")
 STATE_DIR = ".collective_autotuning_overlay"
 
 

@@ -32,7 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -109,7 +109,8 @@ def compiled_module(choice: Any, implementation: Callable[..., Any], symbolic: b
     from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    refusal = guards_refused(V.graph.sizevars.shape_env) if symbolic else contextlib.nullcontext()
+    shape_env = V.graph.sizevars.shape_env
+    refusal = shape_env.error_on_new_guards() if symbolic else contextlib.nullcontext()
     with V.fake_mode, refusal:
         inputs = [ir_node_to_tensor(n) for n in choice.input_nodes]
         gm = make_fx(
@@ -123,32 +124,3 @@ def compiled_module(choice: Any, implementation: Callable[..., Any], symbolic: b
     # Compiled as torch 2.13 compiles its choices: the lowering's guards on the sizes'
     # range (32-bit indexing, say) are the model's too.
     return twin._compile_for_benchmarking()
-
-
-class _GuardAttempted(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def guards_refused(shape_env: Any) -> Iterator[None]:
-    """Raise where the code inside would add a guard to ``shape_env`` (the exception
-    leaves nothing behind: no guard, no cached evaluation). On torch 2.11 an override
-    of upstream internals for the block's duration, listed with the others in
-    collective_upstream_hooks."""
-    refuse = getattr(shape_env, "error_on_new_guards", None)
-    if refuse is not None:  # torch >= 2.13
-        with refuse():
-            yield
-        return
-
-    # torch 2.11 has no error_on_new_guards; every new guard passes its _check_frozen,
-    # which the later version makes raise in the same way.
-    def refused(expr: Any, concrete_val: Any = None) -> None:
-        raise _GuardAttempted(f"tracing would add the guard {expr} == {concrete_val}")
-
-    shape_env._check_frozen = refused
-    try:
-        yield
-    finally:
-        del shape_env._check_frozen
-

@@ -72,11 +72,9 @@ def guarded_implementation(decomposition: Callable[..., Any], op: Any) -> Callab
     the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
     from torch.fx.experimental import symbolic_shapes
 
-    # Upstream skips implementations that add guards (torch 2.13 raises these while it
+    # Upstream skips implementations that add guards (it raises these while it
     # traces), on every rank alike: they pass through.
-    guard_errors = tuple(
-        e for e in (getattr(symbolic_shapes, "_ShapeEnvGuardError", None), AssertionError) if e
-    )
+    guard_errors = (symbolic_shapes._ShapeEnvGuardError, AssertionError)
     instead = the_op_itself(op, schema_arguments(op))
 
     @functools.wraps(decomposition)

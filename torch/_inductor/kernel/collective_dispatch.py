@@ -36,7 +36,6 @@ import sympy
 import torch
 from torch._inductor.kernel.collective_choice_modules import (
     compiled_module,
-    guards_refused,
     implementation_of,
     module_for_benchmark,
     Neighbours,
@@ -293,16 +292,20 @@ def lower_size_dispatch(
       one function per subgraph name: a second site whose branch takes other
       operands called the first site's function (``too many values to unpack``).
     * CUDA graphs stay on. Inductor turns them off for the whole graph at a
-      ``torch.cond`` over device tensors, because a predicate read from device data
-      can change between replays. This predicate reads sizes only: CUDA-graph trees
-      record one graph per distinct size, in which the branch taken is fixed.
+      ``torch.cond`` over device tensors, and keeps the cond out of CUDA-graph
+      partitions, because a predicate read from device data can change between
+      replays. This predicate reads sizes only: CUDA-graph trees record one graph per
+      distinct size, in which the branch taken is fixed (the overlay's edits of the
+      cond lowering and of ``Scheduler.should_partition`` say so upstream).
     """
+    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
+
     if len(impl_groups) < 2 or not names_a_collective(op):
         return None
     branches = _branches(impl_groups)
     dispatch = _traced_dispatch_of(op, branches, dim, runtime_kwargs, tensor_inputs)
     _name_branches_by_site(dispatch, name)
-    result = _inline_keeping_cudagraphs(dispatch, tensor_inputs, name)
+    result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
     log.info(
         "%s dispatches by size along dim %d: %s",
         name, dim,
@@ -401,7 +404,7 @@ def _traced_dispatch(dispatch: Callable[..., Any], tensor_inputs: Sequence[Any])
     from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    with V.fake_mode, guards_refused(V.graph.sizevars.shape_env):
+    with V.fake_mode, V.graph.sizevars.shape_env.error_on_new_guards():
         return make_fx(
             dispatch, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
         )(*(ir_node_to_tensor(t) for t in tensor_inputs))
@@ -419,40 +422,6 @@ def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
         node.target = f"{site}_{node.target}"
         setattr(dispatch, node.target, branch)
     dispatch.recompile()
-
-
-def _inline_keeping_cudagraphs(dispatch: torch.fx.GraphModule, tensor_inputs: Sequence[Any], name: str) -> Any:
-    """``dispatch`` inlined into the graph being lowered, which keeps its CUDA graphs:
-    upstream's reason to turn them off at a torch.cond is taken back (one of the
-    overrides collective_upstream_hooks lists), and its Conditionals are noted as
-    size dispatches (:func:`is_size_dispatch`)."""
-    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
-    from torch._inductor.ir import Conditional
-    from torch._inductor.virtualized import V
-
-    cudagraphs_off = V.graph.disable_cudagraphs_reason
-    operations = len(V.graph.operations)
-    result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
-    if (V.graph.disable_cudagraphs_reason or "").startswith("control flow operator: torch.cond"):
-        V.graph.disable_cudagraphs_reason = cudagraphs_off
-    _size_dispatches.setdefault(V.graph, set()).update(
-        op.get_name() for op in V.graph.operations[operations:] if isinstance(op, Conditional)
-    )
-    return result
-
-
-# The size dispatches (their Conditional's buffer name) of each graph being lowered.
-_size_dispatches: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-def is_size_dispatch(node: Any) -> bool:
-    """Whether ``node`` (an IR node) is the Conditional of a size dispatch of the graph
-    being lowered: as safe to capture in a CUDA graph as any kernel, since its
-    predicate reads sizes only."""
-    from torch._inductor.ir import Conditional
-    from torch._inductor.virtualized import V
-
-    return isinstance(node, Conditional) and node.get_name() in _size_dispatches.get(V.graph, ())
 
 
 def lowered_once(op: Any, lowering: Callable[..., Any]) -> Callable[..., Any]:

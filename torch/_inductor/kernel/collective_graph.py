@@ -13,8 +13,8 @@ benchmarked only when nobody decided it yet and the ranks' stored decisions
 (runtime/collective_decisions) are not identical.
 
 The FX-graph and AOTAutograd caches stay on. A compiled graph that inlines collective
-decisions carries them (as counters, which the caches replay on a hit), and a cache hit
-of such a graph is used only when every inlined decision is the group's: either the
+decisions carries them (``CompiledFxGraph.collective_decisions``, which the caches keep
+with the graph), and a cache hit of such a graph is used only when every inlined decision is the group's: either the
 group decided those keys already in this job, or every rank of the group loads the
 identical graph, which the ranks find out by joining the graph's session with what
 they loaded. Otherwise the hit is turned into a miss and every rank compiles the
@@ -27,12 +27,16 @@ import dataclasses
 import json
 import logging
 import weakref
-from typing import Any, Callable, Optional, TYPE_CHECKING
+from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, op_name
 from torch._inductor.kernel.collective_records import digest, note_cached_sites
-from torch._inductor.runtime.collective_decisions import current_environment, group_scope
+from torch._inductor.runtime.collective_decisions import (
+    current_environment,
+    group_scope,
+    InlinedDecision,
+)
 from torch._inductor.runtime.collective_protocol import (
     CollectiveSession,
     Decision,
@@ -46,9 +50,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-# Counter names that carry a compiled graph's collective decisions into its cache entry.
-_SITE_COUNTER = "collective_autotune_site:"
 
 # Why a site takes the decision an earlier site of the same graph settled for its key.
 SETTLED_IN_GRAPH = "decided at an earlier site of this graph"
@@ -125,6 +126,8 @@ class GroupSession:
     decisions: GroupDecisions
     # Keys already settled in this graph: later sites of a key reuse them unvoted.
     settled: dict[str, str] = dataclasses.field(default_factory=dict)
+    # What the graph inlines of each settled key, for its cache entry.
+    inlined: dict[str, InlinedDecision] = dataclasses.field(default_factory=dict)
 
     @property
     def votes(self) -> bool:
@@ -297,6 +300,7 @@ def agree_key(
                   name=digest(key, "key")),
             plan=session.plan,
             settled=session.settled,
+            inlined=session.inlined,
         )
         if not session.votes:
             # Its peers decided it in that session without this rank: they publish it.
@@ -411,11 +415,9 @@ def settle_key(
         if stored != winner:
             log.info("key %s: the group had decided %s already; using it instead of %s", key, stored, winner)
         session.settled[key] = stored
-    # Replayed from the cache entry on a hit: the cache gate reads it there.
-    from torch._dynamo.utils import counters
-
-    site = [session.group.group_name, session.plan, key, stored, op, environment]
-    counters["inductor"][_SITE_COUNTER + json.dumps(site, sort_keys=True)] += 1
+    session.inlined[key] = InlinedDecision(
+        session.group.group_name, session.plan, key, stored, op, environment
+    )
     return stored
 
 
@@ -431,33 +433,46 @@ def _decode_report(raw: str) -> SiteReport:
 # -- the FX-graph cache gate ---------------------------------------------------------
 
 
-def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
-    """Whether a cache hit whose compile made ``counter_deltas`` may be used.
+def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
+    """The decisions that ``graph`` (a GraphLowering) inlines, for its compiled graph
+    and cache entry."""
+    return tuple(
+        decision
+        for session in _graph_sessions.get(graph, {}).values()
+        for decision in session.inlined.values()
+    )
+
+
+def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
+    """Whether a cached graph that inlines ``decisions`` may be used.
 
     True for graphs without collective decisions. Otherwise every inlined decision
     must be the group's: already decided so in this job, or made for the group's
     current environment (size, backend, device model, interconnect, NVLS, torch and
     NCCL versions) and loaded identically by every rank of the group (one session
     per group). A hit that fails this is a miss, and the session it joined passes on
-    to the compile that follows. Every hit comes here through the wrapper that
-    collective_upstream_hooks installs around ``FxGraphCache.cache_hit_post_compile``.
+    to the compile that follows. ``FxGraphCache.cache_hit_post_compile`` asks this of
+    every hit (also those of AOTAutograd entries).
     """
     from torch._inductor import config
 
-    sites = _inlined_decisions(counter_deltas)
-    if not sites:
+    if not decisions:
         return True
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or config.collective_autotune_retune:
         return False
+    timeout = config.collective_benchmark_timeout
+    sites: dict[tuple[str, str], list[InlinedDecision]] = {}
+    for decision in decisions:
+        sites.setdefault((decision.group_name, decision.plan), []).append(decision)
     for (group_name, plan), inlined in sorted(sites.items()):
-        embedded = {key: winner for key, (winner, _, _) in inlined.items()}
+        embedded = {d.key: d.winner for d in inlined}
         group = _resolve(group_name)
         if group is None:
             return False
-        decisions = group_decisions(group, timeout)
-        current = {key: decisions.get(key) for key in embedded}
+        decisions_of_group = group_decisions(group, timeout)
+        current = {key: decisions_of_group.get(key) for key in embedded}
         if all(v is not None for v in current.values()):
             if current != embedded:
                 log.info("a cached graph inlines %s, the group decided %s: compiling it", embedded, current)
@@ -466,7 +481,7 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
         pending = _pending.get((group_name, plan))
         if pending is not None:  # this hit's graph was already decided to be compiled
             return False
-        foreign = [env for _, _, env in inlined.values() if env != current_environment(group, env)]
+        foreign = [d.environment for d in inlined if d.environment != current_environment(group, d.environment)]
         if foreign:
             # This rank cannot use the hit; joining with nothing loaded tells its peers.
             log.info("a cached graph inlines decisions made in %s: compiling it", foreign[0])
@@ -479,20 +494,5 @@ def cached_graph_may_load(counter_deltas: Any, timeout: float) -> bool:
             return False
         if any(joined.decisions.publish(k, v) != v for k, v in embedded.items()):
             return False
-    note_cached_sites([(g, p, k, w, op) for (g, p), e in sorted(sites.items()) for k, (w, op, _) in e.items()])
+    note_cached_sites([(d.group_name, d.plan, d.key, d.winner, d.op) for _, ds in sorted(sites.items()) for d in ds])
     return True
-
-
-_Inlined = dict[tuple[str, str], dict[str, tuple[str, str, dict[str, Any]]]]
-
-
-def _inlined_decisions(counter_deltas: Any) -> _Inlined:
-    """(group, plan) -> key -> (winner, op, environment), as the graph's compile
-    recorded them. An entry of an older format (no environment) is foreign to every
-    environment."""
-    sites: _Inlined = {}
-    for name in counter_deltas or ():
-        if isinstance(name, str) and name.startswith(_SITE_COUNTER):
-            group, plan, key, winner, op, *env = json.loads(name[len(_SITE_COUNTER):])
-            sites.setdefault((group, plan), {})[key] = (winner, op, env[0] if env else {})
-    return sites

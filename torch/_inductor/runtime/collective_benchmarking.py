@@ -778,17 +778,22 @@ class _bounded_group_timeout:
         self.saved: Optional[timedelta] = None
 
     def __enter__(self) -> None:
-        from torch.distributed import distributed_c10d as c10d
-
         self.saved = _group_timeout(self.group)
         if self.saved is not None:
-            c10d._set_pg_timeout(self.timeout, self.group)
+            _set_group_timeout(self.timeout, self.group)
 
     def __exit__(self, *exc: object) -> None:
-        from torch.distributed import distributed_c10d as c10d
-
         if self.saved is not None:
-            c10d._set_pg_timeout(self.saved, self.group)
+            _set_group_timeout(self.saved, self.group)
+
+
+def _set_group_timeout(timeout: timedelta, group: ProcessGroup) -> None:
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    # torch 2.14 made the private setter public (and deprecated the old name).
+    setter = getattr(dist, "set_timeout", None) or c10d._set_pg_timeout
+    setter(timeout, group)
 
 
 def _group_timeout(group: ProcessGroup) -> Optional[timedelta]:

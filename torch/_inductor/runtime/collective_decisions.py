@@ -58,6 +58,20 @@ class StoredDecision:
         return _digest(self.key, self.environment, self.winner)
 
 
+@dataclasses.dataclass(frozen=True)
+class InlinedDecision:
+    """A decision that a compiled graph inlines, as its cache entry keeps it: the group
+    and graph plan it was agreed in, the key, the winner, the op (for the records) and
+    the environment it holds in (see :func:`environment`)."""
+
+    group_name: str
+    plan: str
+    key: str
+    winner: str
+    op: str
+    environment: dict[str, Any]
+
+
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
     """What a measurement depends on beyond the op and its shapes."""
     env: dict[str, Any] = {**_group_environment(group), "device": device.type}
