@@ -290,9 +290,10 @@ class Install:
 
 
 def _torch_dir_of(python: str) -> Path | None:
+    # Not from the current folder (`-c` puts it first): this repository's torch/ would do.
     probe = (
-        "import importlib.util as u; s = u.find_spec('torch'); "
-        "print(s.submodule_search_locations[0] if s else '')"
+        "import sys; sys.path = [p for p in sys.path if p]; import importlib.util as u; "
+        "s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
     )
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.strip()
     return Path(found).resolve() if found else None
