@@ -382,8 +382,12 @@ def apply(install: Install, force: bool = False) -> str:
     patched: dict[str, str] = {}
     problems: list[str] = []
     for fp in file_patches:
+        source = _upstream(install, manifest, fp.path)
+        if not source.is_file():
+            problems.append(f"{fp.path}: not in this torch")
+            continue
         try:
-            patched[fp.path] = patch_text(_upstream(install, manifest, fp.path).read_text(), fp)
+            patched[fp.path] = patch_text(source.read_text(), fp)
         except OverlayError as e:
             problems.append(str(e))
     if problems:
