@@ -256,14 +256,20 @@ def _register_dying_lowering() -> None:
 
 
 def _wait_until_peers_wait(quiet_s: float = 1.0, patience_s: float = 60.0) -> None:
-    store = dist.distributed_c10d._get_default_store()
-    keys = [f"collective_autotune/alive/{r}" for r in range(dist.get_world_size()) if r != dist.get_rank()]
+    """Until WORLD's progress counter (which this rank, waiting here, does not beat) has
+    not moved for ``quiet_s``: every peer waits for this rank."""
+    from torch._inductor import config
+    from torch._inductor.runtime.collective_protocol import participant, progress_key
+
+    member = participant(config.collective_benchmark_timeout)
+    key = progress_key(member.namespace, dist.group.WORLD.group_name)
     last, quiet_since, give_up = None, time.monotonic(), time.monotonic() + patience_s
-    while time.monotonic() - quiet_since < quiet_s and time.monotonic() < give_up:
-        beats = [store.get(k) if store.check([k]) else None for k in keys]
-        if beats != last:
-            last, quiet_since = beats, time.monotonic()
-        time.sleep(0.05)
+    with member.liveness.waiting():
+        while time.monotonic() - quiet_since < quiet_s and time.monotonic() < give_up:
+            beats = member.client.add(key, 0)
+            if beats != last:
+                last, quiet_since = beats, time.monotonic()
+            time.sleep(0.05)
 
 
 _register_dying_lowering()
@@ -321,6 +327,18 @@ def refuses_when_traced(name: str, ranks: str) -> Callable:
 
     impl.__name__ = name
     return impl
+
+
+def zeroes(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    """Wrong and fast: no communication, zeros."""
+    return torch.zeros_like(x)
+
+
+def writes_into_input(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+    """The right sum, and fast, but left in its input too (the op declares no mutation)."""
+    out = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+    x.copy_(out)
+    return out
 
 
 def flat_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:

@@ -350,15 +350,16 @@ SLOW_TRACE_S = 16.0
 
 def vote_after_body(r: Rank, works: bool) -> dict:
     """Rank 1 votes 3 s late, working (beating) meanwhile or silent; the timeout is 1 s."""
-    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError, CollectiveSession, liveness
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError, CollectiveSession, participant
 
+    member = participant(1.0)
     session = CollectiveSession(
-        dist.distributed_c10d._get_default_store(), r.group.group_name, f"vote_after/{works}",
-        r.rank, dist.get_process_group_ranks(r.group), timeout=1.0,
+        member, r.group.group_name, f"vote_after/{works}", r.rank, dist.get_process_group_ranks(r.group),
+        timeout=1.0,
     )
     begin = time.monotonic()
     if r.rank == 1:
-        with liveness.working("working on purpose") if works else contextlib.nullcontext():
+        with member.liveness.working("working on purpose") if works else contextlib.nullcontext():
             time.sleep(3.0)
     try:
         session.vote("late", "ok")
@@ -459,3 +460,289 @@ def test_a_screen_rejection_names_each_rank_and_its_error():
         "result that differs between ranks suggests it reads data before a collective completed"
     )
     assert _rejection([wrong, wrong]) == f"rejected by every rank: group rank 0: {wrong}; group rank 1: {wrong}"
+
+
+# -- kept decisions are checked ---------------------------------------------------------------------
+
+
+# Decisions on disk, compiled graphs not (unless a test turns them on).
+NO_GRAPH_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+
+
+def zeroes_body(r: Rank) -> list:
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce", "20"), ops.zeroes)
+    with patched_timeout(30.0):
+        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name, "12"), torch.randn(8, 8, device=r.device))
+
+
+def decision_files(root, rank: int) -> list:
+    return sorted((root / str(rank) / "collective_autotuning" / "decisions").glob("*.json"))
+
+
+def test_an_edited_decision_file_is_screened_and_never_runs_a_wrong_choice(tmp_path):
+    import json
+
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}"), **NO_GRAPH_CACHES}
+    (first,), _ = assert_all_ok(run_ranks(2, zeroes_body, env=env, restarts=True))
+    assert first.winner == "default" and first.source == "benchmark"
+    for rank in (0, 1):  # every rank's file now names the rejected choice
+        (entry,) = decision_files(tmp_path, rank)
+        data = json.loads(entry.read_text())
+        data["winner"] = "zeroes"
+        entry.write_text(json.dumps(data))
+    (again,), (peer,) = assert_all_ok(run_ranks(2, zeroes_body, env=env, restarts=True))
+    # compile_and_check compared the outputs with eager: nothing wrong ran.
+    assert again == peer and again.source == "benchmark" and again.winner == "default"
+    assert "the stored winner failed its screen" in again.reason, again.reason
+
+
+def changed_choice_body(r: Rank, variant: str) -> list:
+    # "candidate" wins by 12 ms; between the two runs its code changes under the same name
+    # (a bug that halves the sum).
+    halve = (lambda x: x * 0.5) if variant == "buggy" else None
+    ops.register_all_reduce(ops.all_reduce_then("candidate", before=halve), ops.all_reduce_then("slow", "20"))
+    return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name, "12") + 1, torch.randn(8, 8, device=r.device))
+
+
+@pytest.mark.parametrize("graph_caches", [False, True])
+def test_a_choice_whose_code_changed_is_tuned_afresh(tmp_path, graph_caches):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}"), **({} if graph_caches else NO_GRAPH_CACHES)}
+    (first,), _ = assert_all_ok(run_ranks(2, changed_choice_body, "right", env=env, restarts=True))
+    assert first.winner == "candidate"
+    (again,), (peer,) = assert_all_ok(run_ranks(2, changed_choice_body, "buggy", env=env, restarts=True))
+    # A new key (neither the stored decision nor the cached graph is used), tuned afresh:
+    # the buggy candidate fails its screen. compile_and_check found the outputs right.
+    assert again == peer and again.source == "benchmark" and again.key != first.key
+    assert again.winner != "candidate"
+    status = {t.name: t.status for t in again.timings}
+    assert "output differs from the reference" in status["candidate"], status
+
+
+def writes_input_body(r: Rank) -> list:
+    ops.register_all_reduce(ops.writes_into_input, ops.all_reduce_then("slow", "20"))
+    x = torch.randn(8, 8, device=r.device)
+    before = x.clone()
+    records = compile_and_check(lambda t: ops.all_reduce(t, r.group.group_name, "12"), x)
+    assert torch.equal(x, before), "the user's tensor changed"
+    return records
+
+
+def test_a_choice_that_writes_into_its_input_is_rejected():
+    (a,), (b,) = assert_all_ok(run_ranks(2, writes_input_body))
+    assert a == b and a.winner != "writes_into_input"
+    status = {t.name: t.status for t in a.timings}
+    assert "writes into input 0, which the op does not declare it mutates" in status["writes_into_input"], status
+
+
+# -- every call bounded ------------------------------------------------------------------------------
+
+
+def slow_everywhere_body(r: Rank) -> list:
+    # Each call of "stuck" takes 6 s on every rank; the budget is 2 s per choice.
+    ops.register_all_reduce(ops.all_reduce_then("stuck", "6000"), ops.all_reduce_then("one_all_reduce"))
+    with patched_timeout(2.0):
+        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+
+
+def test_a_choice_slow_on_every_rank_is_dropped_after_one_call():
+    results = run_ranks(2, slow_everywhere_body)
+    (a,), (b,) = assert_all_ok(results)
+    assert a == b and a.winner != "stuck"
+    status = {t.name: t.status for t in a.timings}
+    assert status["stuck"].startswith("over budget: its first call took 6"), status
+    assert "collective_benchmark_timeout=2 s" in status["stuck"]
+    # One call of it, not one per sample.
+    assert max(r.wall_s for r in results) < 6.0 + COMPILE_MARGIN_S
+
+
+def slow_on_one_rank_body(r: Rank) -> dict:
+    # "stuck" takes 8 s on rank 1 only: rank 0 gives up waiting for it in the next barrier.
+    ops.register_all_reduce(ops.all_reduce_then("stuck", "0,8000"), ops.all_reduce_then("one_all_reduce"))
+    begin = time.monotonic()
+    try:
+        with patched_timeout(2.0):
+            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    except Exception as e:  # noqa: BLE001 - the test asserts on it
+        return {"error": f"{type(e).__name__}: {e}", "s": time.monotonic() - begin}
+    return {"error": None, "s": time.monotonic() - begin}
+
+
+def test_a_choice_stuck_on_one_rank_stops_every_rank_clearly():
+    fast, stuck = assert_all_ok(run_ranks(2, slow_on_one_rank_body, breaks_the_group=True))
+    for result in (fast, stuck):
+        assert result["error"] is not None and "CollectiveAutotuneError" in result["error"], result
+    # The stuck rank learns it when its call returns, at once.
+    assert "stopped on every rank of the group" in stuck["error"], stuck["error"]
+    assert stuck["s"] < 8.0 + COMPILE_MARGIN_S
+
+
+# -- the Store -----------------------------------------------------------------------------------------
+
+
+def store_lost_body(r: Rank, autotune: bool) -> dict:
+    from torch._inductor.runtime import collective_protocol
+
+    alone = dist.new_group([1])  # every rank takes part in making it
+    register_two_choices()
+    store = dist.distributed_c10d._get_default_store()
+    store.add("store_lost/ready", 1)
+    if r.rank == 0:
+        while store.add("store_lost/ready", 0) < 2:
+            time.sleep(0.05)
+        os._exit(0)  # rank 0 hosts the Store: it goes with it
+    time.sleep(3.0)
+    begin = time.monotonic()
+    try:
+        with patched_timeout(), torch._inductor.config.patch(collective_autotune=autotune):
+            out = torch.compile(lambda x: ops.all_reduce(x, alone.group_name) + 1)(torch.ones(4, 4))
+        error = None
+        assert torch.equal(out, torch.full((4, 4), 2.0))
+    except Exception as e:  # noqa: BLE001 - the test asserts on it
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "s": time.monotonic() - begin, "participant": collective_protocol._participant is not None}
+
+
+@pytest.mark.parametrize("autotune", [True, False])
+def test_a_lost_store_fails_within_the_timeout_and_off_means_no_store_at_all(autotune):
+    _, survivor = run_ranks(2, store_lost_body, autotune, breaks_the_group=True)
+    assert survivor.ok, survivor.error
+    result = survivor.value
+    if autotune:
+        assert result["error"] is not None and "StoreLostError" in result["error"], result
+        assert "the c10d Store (127.0.0.1:" in result["error"] and "stopped answering during" in result["error"]
+        assert result["s"] < TIMEOUT_S + COMPILE_MARGIN_S
+    else:  # switched off: the op's own implementation, nothing of ours touched the Store
+        assert result["error"] is None and not result["participant"], result
+
+
+def switched_off_body(r: Rank) -> dict:
+    import threading
+
+    from torch._inductor.runtime import collective_protocol
+
+    register_two_choices()
+    store = dist.distributed_c10d._get_default_store()
+    keys = store.num_keys()
+    records = compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    dist.barrier()
+    return {
+        "records": records,
+        "new_keys": store.num_keys() - keys,
+        "participant": collective_protocol._participant is not None,
+        "threads": [t.name for t in threading.enumerate() if "collective" in t.name],
+    }
+
+
+def test_switched_off_the_patch_uses_no_store_and_no_thread():
+    a, b = assert_all_ok(run_ranks(2, switched_off_body, env={"TORCHINDUCTOR_COLLECTIVE_AUTOTUNE": "0"}))
+    for result in (a, b):
+        (record,) = result["records"]
+        assert record.winner == "default" and record.session == ""
+        assert result["new_keys"] == 0 and not result["participant"] and result["threads"] == [], result
+
+
+def store_lost_mid_session_body(r: Rank) -> dict:
+    # Rank 0, which hosts the Store, dies while building its choices; rank 1 waits for it
+    # in the build vote.
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"),
+        ops.all_reduce_then("dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, 0)),
+    )
+    try:
+        with patched_timeout():
+            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    except Exception as e:  # noqa: BLE001 - the test asserts on it
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"error": None}
+
+
+def test_losing_the_store_mid_session_is_reported_as_such(tmp_path):
+    dead, survivor = run_ranks(
+        2, store_lost_mid_session_body, env={"CAT_TEST_DEATH_FILE": str(tmp_path / "died")}, breaks_the_group=True
+    )
+    assert dead.wall_s is None and survivor.ok, survivor
+    error = survivor.value["error"]
+    assert error is not None and "StoreLostError: the c10d Store (127.0.0.1:" in error, error
+    assert "stopped answering during the vote on site/" in error, error
+
+
+# -- settings that differ between ranks ------------------------------------------------------------
+
+
+def differing_knob_body(r: Rank, knob: str, values: tuple) -> dict:
+    register_two_choices()
+    begin = time.monotonic()
+    try:
+        with patched_timeout(), torch._inductor.config.patch({knob: values[r.rank]}):
+            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    except Exception as e:  # noqa: BLE001 - the test asserts on it
+        return {"error": f"{type(e).__name__}: {e}", "s": time.monotonic() - begin}
+    return {"error": None, "s": time.monotonic() - begin}
+
+
+@pytest.mark.parametrize(
+    "knob,values",
+    [
+        ("collective_benchmark_warmup", (5, 6)),
+        ("collective_benchmark_sample_us", (1000.0, 5000.0)),
+        ("collective_benchmark_nruns", (3, 20)),
+    ],
+)
+def test_settings_that_differ_between_ranks_fail_every_rank_naming_the_variable(knob, values):
+    results = assert_all_ok(run_ranks(2, differing_knob_body, knob, values))
+    for result in results:
+        assert result["error"] is not None and "CollectiveAutotuneError" in result["error"], result
+        assert f"TORCHINDUCTOR_{knob.upper()}" in result["error"], result["error"]
+        assert f"{values[0]!r} on group ranks [0]" in result["error"], result["error"]
+        assert result["s"] < COMPILE_MARGIN_S
+
+
+# -- a fallback holds for its job attempt only -----------------------------------------------------
+
+
+def late_then_on_time_body(r: Rank, late: bool) -> list:
+    register_two_choices()
+    if late and r.rank == 1:
+        time.sleep(2 * TIMEOUT_S)
+    with patched_timeout():
+        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+
+
+def test_a_graph_inlining_a_fallback_is_not_loaded_by_the_next_job(tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")}  # the FX-graph cache on
+    (fallback,), _ = assert_all_ok(run_ranks(2, late_then_on_time_body, True, env=env, restarts=True))
+    assert fallback.winner == "default" and fallback.provisional and "did not arrive" in fallback.reason
+    (next_job,), (peer,) = assert_all_ok(run_ranks(2, late_then_on_time_body, False, env=env, restarts=True))
+    assert next_job == peer and next_job.source == "benchmark" and not next_job.provisional
+
+
+@contextlib.contextmanager
+def elastic_attempt(restart_count: int):
+    """The environment torchrun gives one attempt of an elastic job (whose attempts
+    share one Store)."""
+    keys = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({"TORCHELASTIC_RUN_ID": "test_attempts", "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def restarted_attempt_body(r: Rank) -> dict:
+    with elastic_attempt(0):
+        first = late_then_on_time_body(r, True)
+    torch._dynamo.reset()
+    with elastic_attempt(1):
+        return {"first": first, "second": late_then_on_time_body(r, False)}
+
+
+def test_a_restarted_attempt_does_not_inherit_the_fallback_of_the_first():
+    a, b = assert_all_ok(run_ranks(2, restarted_attempt_body, env=NO_GRAPH_CACHES))
+    (first,), (second,) = a["first"], a["second"]
+    assert first.winner == "default" and first.provisional
+    assert a["second"] == b["second"] and second.source == "benchmark"

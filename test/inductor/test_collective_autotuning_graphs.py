@@ -269,7 +269,7 @@ def dynamic_body(r: Rank) -> dict:
 @pytest.mark.parametrize("device", DEVICES)
 def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(device):
     a, b = assert_all_ok(run_ranks(2, dynamic_body, device=device, timeout_s=150))
-    assert_each_size_ran_its_winner(a, b)
+    assert_each_size_ran_its_winner(a, b, device)
     # The range between two ranges that agree was not timed.
     by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
     assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
@@ -372,7 +372,7 @@ def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
     assert pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
 
 
-def assert_each_size_ran_its_winner(a: dict, b: dict) -> None:
+def assert_each_size_ran_its_winner(a: dict, b: dict, device: str) -> None:
     assert a["records"] == b["records"]
     by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
     assert by_size["1_1"].winner == "per_row_cost"
@@ -398,8 +398,9 @@ def split_points_body(r: Rank) -> dict:
     return sized_calls_body(r, (3, 8, 50))
 
 
-def test_user_split_points_are_tuned_by_the_group_per_range():
-    a, b = assert_all_ok(run_ranks(2, split_points_body, timeout_s=150))
+@pytest.mark.parametrize("device", DEVICES)
+def test_user_split_points_are_tuned_by_the_group_per_range(device):
+    a, b = assert_all_ok(run_ranks(2, split_points_body, device=device, timeout_s=150))
     assert a["records"] == b["records"]
     by_range = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
     # The user's ranges, no ladder of ours; each timed by the group.

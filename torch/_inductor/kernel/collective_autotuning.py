@@ -12,10 +12,12 @@ or a benchmark of the choices in lockstep on every rank of the group
 
 This module only wires those hooks to the modules that do the work, below it:
 detection of collectives and their groups (collective_detection), the choices' names
-(collective_choices), one site's decision (collective_selection, timed by
+and code (collective_choices), one site's decision (collective_selection, timed by
 collective_timing), the graph's sessions (collective_graph), dynamic sizes
 (collective_dispatch), the records and their table (collective_records), and what is
-installed into upstream at run time (collective_upstream_hooks).
+installed into upstream at run time (collective_upstream_hooks). Each decision is timed
+in Inductor's compile metrics (``dynamo_timed``, in ``compile_time_autotune_time_us``)
+and kept as a ``collective_autotuning`` artifact for tlparse (``TORCH_TRACE``).
 
 Collective sessions never read or write Inductor's local autotune cache: a hit on one
 rank and a miss on another is exactly how ranks come to inline different
@@ -25,17 +27,14 @@ used only where every rank of the group holds the same.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel import (
-    collective_dispatch,
-    collective_graph,
-    collective_selection,
-    collective_upstream_hooks,
-)
+from torch._inductor.kernel import collective_dispatch, collective_selection, collective_upstream_hooks
 from torch._inductor.kernel.collective_choice_modules import neighbours_of_site
 from torch._inductor.kernel.collective_choices import (
     choice_label,
@@ -44,6 +43,7 @@ from torch._inductor.kernel.collective_choices import (
     guarded_implementation,
     label,
     RangeWinner,
+    register,
     schema_arguments,
     the_op_itself,
     trace_failure,
@@ -87,18 +87,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
-# Each collective op's OpOverload by its autotuning name, as detection found it.
-_ops: dict[str, Any] = {}
 
-
-def note_registration(op: Any) -> None:
-    """Called by register_custom_op_autotuning for every op it registers."""
+def note_registration(op: Any, configs: Sequence[Any] = ()) -> None:
+    """Called by register_custom_op_autotuning for every op it registers, with its
+    CustomOpConfigs (none for a config generator's)."""
     from torch._functorch import config as functorch_config
 
     collective = names_a_collective(op)
-    collective_graph.note_registration(op, collective)
+    register(op, configs, collective)
+    if not collective:
+        return
     collective_upstream_hooks.install()
-    if collective and functorch_config.bundled_autograd_cache:
+    if functorch_config.bundled_autograd_cache:
         _warn_once(
             "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "
             f"the FX-graph cache, so cached graphs that inline {op_name(op)} are not "
@@ -122,8 +122,8 @@ def prepare_choices(
 
     Inputs are realized: an unrealized (pointwise) input has no strides for the
     layout inference of the choices. What the call site fuses with in the model is
-    read first: the choices are timed with it. Each implementation is guarded: one that raises
-    while traced (a capability check, say) is traced as the op itself instead and
+    read first: the choices are timed with it. Each implementation is guarded: one that
+    raises while traced (a capability check, say) is traced as the op itself instead and
     marked, so that the choice list stays the same on every rank and the group drops
     that choice everywhere, naming the rank and the reason, instead of this rank
     dying alone while its peers wait. Where the op's group decided the call site's
@@ -144,15 +144,15 @@ def prepare_choices(
             inp.realize()
     schema = schema_arguments(op)
     labels = [label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
-    collective_selection.forget_prepared(name)  # an earlier compile's, whatever this one finds
-    call = collective_selection.tuned_call(
-        labels, inputs, op, non_tensor_args, min_speedup_threshold, benchmark_with_cudagraphs
+    site = collective_selection.prepare_site(
+        name, labels, decompositions, inputs, op, non_tensor_args, min_speedup_threshold,
+        benchmark_with_cudagraphs, neighbours,
     )
-    settled = collective_selection.settled_range(name, call, neighbours) if call else None
+    settled = collective_selection.settled_range(site) if site is not None else None
     if settled is not None:
         _keep(settled)
         i = labels.index(settled.winner) if settled.winner in labels else None  # None: the op's own
-        return list(decompositions), list(non_tensor_args), config_patches_list, RangeWinner(
+        return list(decompositions), list(non_tensor_args), config_patches_list, RangeWinner.create(
             settled.winner,
             None if i is None else guarded_implementation(decompositions[i], op),
             {} if i is None else non_tensor_args[i],
@@ -160,7 +160,7 @@ def prepare_choices(
             op,
         )
     keep = list(range(len(decompositions)))
-    winner = collective_selection.decided_before_tracing(name, call, neighbours) if call else None
+    winner = collective_selection.decided_before_tracing(site) if site is not None else None
     traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
         keep = [i for i, candidate in enumerate(labels) if i == 0 or candidate == winner]
@@ -220,7 +220,6 @@ def detect_collective(
     for kwargs in non_tensor_args:
         groups.extend(v for k, v in kwargs.items() if k in GROUP_ARGUMENTS)
     complete_default_choice(name, choices, op_overload, non_tensor_args)
-    _ops[name] = op_overload
     group = covering_group([resolve_group(g, op_overload) for g in groups])
     if group.size() == 1:
         # Inductor's regular benchmarking would deadlock on gloo here (see
@@ -242,7 +241,7 @@ def select_collective_choice(
     process_group: ProcessGroup,
     min_speedup_threshold: float = 1.0,
     benchmark_with_cudagraphs: bool = False,
-) -> ChoiceCaller:
+) -> ChoiceCaller | RangeWinner:
     """Pick the same choice on every rank of ``process_group``.
 
     ``selector`` is the AlgorithmSelectorCache, whose ``get_inputs`` makes the
@@ -252,15 +251,21 @@ def select_collective_choice(
     CollectiveAutotuneError, on every rank of the group, when the group's
     collectives failed mid-benchmark and cannot be trusted.
     """
-    by_label = {choice_label(c, _ops.get(name)): c for c in choices}
-    record = collective_selection.decide_site(
-        name, by_label, choices, BenchmarkInputs(selector, input_nodes, layout, input_gen_fns),
-        process_group, min_speedup_threshold, benchmark_with_cudagraphs,
-    )
+    from torch._dynamo.utils import dynamo_timed
+
+    with dynamo_timed(
+        f"{name}_collective_autotuning",
+        log_pt2_compile_event=True,
+        dynamo_compile_column_us="compile_time_autotune_time_us",
+    ):
+        record, by_label = collective_selection.decide_site(
+            name, choices, BenchmarkInputs(selector, input_nodes, layout, input_gen_fns),
+            process_group, min_speedup_threshold, benchmark_with_cudagraphs,
+        )
     return _finish(record, by_label)
 
 
-def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]) -> ChoiceCaller:
+def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]) -> ChoiceCaller | RangeWinner:
     """Log ``record``, keep it, and return the choice it names."""
     _keep(record)
     choice = by_label.get(record.winner)
@@ -271,23 +276,26 @@ def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller])
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
     if collective_dispatch.is_range(record.op):
-        return RangeWinner(  # type: ignore[return-value]
-            choice.name, getattr(choice, "decomposition", None), getattr(choice, "decomposition_kwargs", {}),
-            getattr(choice, "config_patches", None), _ops.get(record.op), by_label[DEFAULT],
-        )
+        return RangeWinner.of(choice, by_label[DEFAULT])
     return choice
 
 
 def _keep(record: CollectiveAutotuneRecord) -> None:
-    """Log ``record`` and keep it."""
+    """Log ``record``, keep it, and leave it for tlparse."""
     import torch.distributed as dist
+    from torch._logging import trace_structured
 
     keep_record(record)
     log.info(
-        "collective autotuning %s on group %s: %s (%s; %s; compiling the choices %.2f s, "
-        "timing %.2f s, waiting for the group %.2f s)",
-        record.op, record.group_name, record.winner, record.source, record.reason,
-        record.build_s, record.tuning_s, record.waited_s,
+        "collective autotuning %s on group %s: %s (%s; %s; tracing the choices %.2f s, compiling "
+        "them %.2f s, timing %.2f s, waiting for the group %.2f s, %d Store requests)",
+        record.op, record.group_name, record.winner, record.source.value, record.reason,
+        record.trace_s, record.build_s, record.tuning_s, record.waited_s, record.store_requests,
+    )
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": "collective_autotuning", "encoding": "json"},
+        payload_fn=lambda: json.dumps(dataclasses.asdict(record), sort_keys=True),
     )
     if dist.get_rank() == record.group_ranks[0]:
         table_log.info("%s", format_record(record))

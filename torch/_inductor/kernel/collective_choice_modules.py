@@ -91,19 +91,47 @@ def implementation_of(choice: Any) -> Callable[..., Any]:
     return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
 
 
-def module_for_benchmark(choice: Any, neighbours: Neighbours) -> Any:
+@dataclasses.dataclass(frozen=True)
+class EagerModule:
+    """A choice's traced graph run eagerly, its neighbours' stand-ins around it, called as
+    a compiled benchmark module is: ``call([*sym_inputs, *tensors])`` returns its outputs."""
+
+    run: Callable[..., torch.Tensor]
+    sym_inputs: int
+
+    def call(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        return [self.run(*args[self.sym_inputs:])]
+
+
+def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
+    """A subgraph ``choice`` for the benchmark on a CPU: its traced graph, run eagerly
+    with ``neighbours``' stand-ins around it.
+
+    A gloo collective takes tens of microseconds to milliseconds, and what Inductor's
+    C++ kernels would save of the pointwise work around it is far less; compiling each
+    choice with them took 1.5-3.7 s on a 2-core machine, several times the model's own
+    compile. So on CPUs the choices are only lowered (a choice that cannot be compiled
+    is dropped now, not found when the winner is inlined) and timed as traced: no C++
+    is built for them."""
+    return EagerModule(neighbours.around(choice.gm), len(choice.sym_input_values))
+
+
+def module_for_benchmark(choice: Any, neighbours: Neighbours, lower_only: bool = False) -> Any:
     """A subgraph ``choice`` compiled for the benchmark at its inputs' sizes, with
-    ``neighbours`` fused in (without any, as Inductor compiles its choices: no new trace)."""
+    ``neighbours`` fused in (without any, as Inductor compiles its choices: no new
+    trace); with ``lower_only``, only lowered."""
     if neighbours == Neighbours():
-        return choice._compile_for_benchmarking()
-    return compiled_module(choice, neighbours.around(implementation_of(choice)), symbolic=False)
+        return choice._compile_for_benchmarking(lower_only=lower_only)
+    return compiled_module(choice, neighbours.around(implementation_of(choice)), False, lower_only)
 
 
-def compiled_module(choice: Any, implementation: Callable[..., Any], symbolic: bool) -> Any:
+def compiled_module(
+    choice: Any, implementation: Callable[..., Any], symbolic: bool, lower_only: bool = False
+) -> Any:
     """``implementation`` (a subgraph choice's, with whatever is around it) traced on the
-    choice's inputs and compiled as Inductor compiles its benchmark choices. With
-    ``symbolic``, any guard the trace would add on the inputs' sizes raises instead
-    (the module must be right at every size)."""
+    choice's inputs and compiled as Inductor compiles its benchmark choices (only lowered,
+    with ``lower_only``). With ``symbolic``, any guard the trace would add on the inputs'
+    sizes raises instead (the module must be right at every size)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
     from torch._inductor.virtualized import V
@@ -123,4 +151,4 @@ def compiled_module(choice: Any, implementation: Callable[..., Any], symbolic: b
     twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
     # Compiled as torch 2.13 compiles its choices: the lowering's guards on the sizes'
     # range (32-bit indexing, say) are the model's too.
-    return twin._compile_for_benchmarking()
+    return twin._compile_for_benchmarking(lower_only=lower_only)

@@ -13,11 +13,16 @@ back to.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import inspect
 import logging
+import types
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
+from torch._inductor.kernel.collective_detection import op_name
 from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
 
 
@@ -29,6 +34,139 @@ log = logging.getLogger(__name__)
 
 # The label of the op's own implementation among its choices.
 DEFAULT = "default"
+
+
+# -- what a choice runs ------------------------------------------------------------------
+
+# Modules whose functions are not the user's: their code changes with torch or Python,
+# which every key already names (the environment), and need not be digested.
+_NOT_USER_CODE = ("torch", "builtins", "functools", "typing", "math", "operator", "collections")
+# How many functions one identity follows at most (a call graph can be large).
+_MOST_FUNCTIONS = 64
+
+
+def code_identity(fn: Callable[..., Any]) -> str:
+    """A digest of the code ``fn`` runs: its bytecode, constants and names, its default
+    arguments and the simple values it closes over, and, recursively, the user
+    functions it closes over or calls by global name and the Python kernels of the
+    custom ops it calls. Any change of them is a new identity."""
+    parts: list[Any] = []
+    _digest_into(fn, parts, set())
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
+def _digest_into(fn: Any, parts: list[Any], seen: set[int]) -> None:
+    if id(fn) in seen or len(seen) >= _MOST_FUNCTIONS:
+        return
+    seen.add(id(fn))
+    if isinstance(fn, functools.partial):
+        parts.append(("partial", repr(fn.args), repr(sorted(fn.keywords.items()))))
+        _digest_into(fn.func, parts, seen)
+        return
+    fn = inspect.unwrap(fn)
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        name = fn._qualified_op_name if isinstance(fn, torch._ops.OpOverloadPacket) else fn.name()
+        parts.append(("op", name))
+        kernel = _python_kernel(name.split(".")[0])
+        if kernel is not None:
+            _digest_into(kernel, parts, seen)
+        return
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        parts.append(("object", type(fn).__qualname__))
+        return
+    parts.append((fn.__module__, fn.__qualname__, _code(code), _simple(fn.__defaults__),
+                  _simple(fn.__kwdefaults__)))
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value):
+            _digest_into(value, parts, seen)
+        else:
+            parts.append(_simple(value))
+    for name in _names(code):
+        value = fn.__globals__.get(name)
+        if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) or (
+            isinstance(value, types.FunctionType)
+            and not str(value.__module__).startswith(_NOT_USER_CODE)
+        ):
+            _digest_into(value, parts, seen)
+
+
+def _code(code: types.CodeType) -> tuple[Any, ...]:
+    consts = tuple(_code(c) if isinstance(c, types.CodeType) else _simple(c) for c in code.co_consts)
+    return code.co_code, consts, code.co_names
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """The global names ``code`` and the code nested in it read."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _names(const)
+    return names
+
+
+def _simple(value: Any) -> Any:
+    """``value`` as it bears on what a function computes: plain data as it is, other
+    objects by their type (their repr may hold an address)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_simple(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _simple(v)) for k, v in value.items()))
+    return type(value).__qualname__
+
+
+def _python_kernel(qualname: str) -> Optional[Callable[..., Any]]:
+    """The Python function of a custom op defined with torch.library.custom_op."""
+    from torch._library.custom_ops import OPDEFS
+
+    definition = OPDEFS.get(qualname)
+    return getattr(definition, "_init_fn", None)
+
+
+# Registration state, as upstream's lowerings: it lasts as long as the registrations.
+# Whether each op registered for autotuning communicates, by qualified name.
+_collective: dict[str, bool] = {}
+# The code identity of every implementation seen so far (an op's registered configs,
+# those a config generator made at a compile, the op's own), by "op/label".
+_identities: dict[str, str] = {}
+
+
+def register(op: Any, configs: Sequence[Any], collective: bool) -> None:
+    """Note an op registered with register_custom_op_autotuning, whether it
+    communicates, and, if it does, the code of its ``configs`` (CustomOpConfig) and its
+    own implementation."""
+    _collective[op_name(op)] = collective
+    if collective:
+        schema = schema_arguments(op)
+        identities(op, [(label(c.decomposition.__name__, c.params, schema), c.decomposition)
+                        for c in configs if c.decomposition is not None])
+
+
+def is_registered_collective(op: Any) -> bool:
+    """Whether ``op`` was registered for autotuning and communicates."""
+    return _collective.get(op_name(op), False)
+
+
+def identities(op: Any, implementations: Sequence[tuple[str, Callable[..., Any]]]) -> dict[str, str]:
+    """The code identity of ``op``'s own implementation and of each of its labelled
+    ``implementations``, by "op/label" (noted as their current code)."""
+    name = op_name(op) if op is not None else ""
+    seen = {f"{name}/{DEFAULT}": code_identity(op)} if op is not None else {}
+    seen.update({f"{name}/{lbl}": code_identity(fn) for lbl, fn in implementations})
+    _identities.update(seen)
+    return seen
+
+
+def current_identity(name: str) -> Optional[str]:
+    """The code identity of the implementation ``name`` ("op/label") as this process
+    last saw it, or None where it saw none."""
+    return _identities.get(name)
 
 
 def schema_arguments(op: Any) -> set[str]:
@@ -191,34 +329,51 @@ def complete_default_choice(
     choices.append(default)
 
 
+@dataclasses.dataclass(frozen=True)
 class RangeWinner:
     """The winner of one range of a range-based op, as the range-based lowering reads
-    it: the implementation to dispatch to, but no graph. torch 2.13 inlines a winning
-    graph into the model at every range and keeps only the dispatch; an inlined
-    collective stays in the graph (it has side effects) and would run on every call.
+    it: the implementation to dispatch to, but no graph (custom_op's winning-choice
+    surface: name, gm, decomposition, its kwargs and config patches, output_node).
+    torch 2.13 inlines a winning graph into the model at every range and keeps only the
+    dispatch; an inlined collective stays in the graph (it has side effects) and would
+    run on every call.
 
-    ``decomposition`` is None for the op's own implementation: dispatched to as a call
-    of the op. torch 2.11 would trace the op's Python body instead, which a
-    collective's c10d calls do not survive. ``default`` is the op's own choice, where
+    ``decomposition`` is the op itself for the op's own implementation: dispatched to
+    as a call of the op (torch 2.11 would trace the op's Python body instead, which a
+    collective's c10d calls do not survive). ``default`` is the op's own choice, where
     the range's choices were traced."""
 
-    gm = None
+    name: str
+    decomposition: Callable[..., Any]
+    decomposition_kwargs: dict[str, Any]
+    config_patches: dict[str, Any]
+    default: Optional[ChoiceCaller] = None
+    gm: None = None
 
-    def __init__(
-        self,
+    @staticmethod
+    def of(choice: ChoiceCaller, default: ChoiceCaller) -> RangeWinner:
+        """The range winner ``choice`` (one of the range's traced choices)."""
+        decomposition = getattr(choice, "decomposition", None)
+        op = getattr(getattr(default, "choice", None), "op_overload", None)
+        return RangeWinner.create(
+            choice.name, decomposition, getattr(choice, "decomposition_kwargs", {}),
+            getattr(choice, "config_patches", None), op, default,
+        )
+
+    @staticmethod
+    def create(
         name: str,
         decomposition: Optional[Callable[..., Any]],
         kwargs: dict[str, Any],
         config_patches: Optional[dict[str, Any]],
         op: Any,
         default: Optional[ChoiceCaller] = None,
-    ) -> None:
-        self.name = name
-        self.decomposition = decomposition or the_op_itself(op, schema_arguments(op))
-        self.decomposition_kwargs = kwargs if decomposition else {}
-        self.config_patches = config_patches or {}
-        self._default = default
+    ) -> RangeWinner:
+        """The range winner ``decomposition`` (None: the op's own implementation)."""
+        if decomposition is None:
+            return RangeWinner(name, the_op_itself(op, schema_arguments(op)), {}, config_patches or {}, default)
+        return RangeWinner(name, decomposition, kwargs, config_patches or {}, default)
 
     def output_node(self) -> Any:
         # Unused by the range-based lowering, so removed with the graph's dead code.
-        return self._default.output_node() if self._default else None
+        return self.default.output_node() if self.default else None

@@ -41,6 +41,7 @@ from torch._inductor.kernel.collective_choice_modules import (
     Neighbours,
 )
 from torch._inductor.kernel.collective_detection import names_a_collective
+from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ class Ladder:
         return [bounds[i] for i in _bisection_order(len(bounds))]
 
 
-# The range names of each ladder in size order, by the range name of any of its points.
-_ladders: dict[str, list[str]] = {}
+# The range names of each ladder in size order, by the range name of any of its points,
+# per graph being lowered (they live as long as it).
+_ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = weakref.WeakKeyDictionary()
 
 
 def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional[Ladder]:
@@ -88,16 +90,17 @@ def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional
     dim = next((i for i, s in enumerate(size) if _is_symbolic(s)), None)
     if dim is None:
         return None
-    _validate(config.collective_autotune_dynamic_ratio, config.collective_autotune_dynamic_max)
+    settings = BenchmarkSettings.from_config()
     bounds = V.graph.sizevars.shape_env.bound_sympy(size[dim])
     # Unbounded (torch's int_oo) unless the program bounded the dimension.
-    upper = int(bounds.upper) if isinstance(bounds.upper, sympy.Integer) else config.collective_autotune_dynamic_max
-    points = _points(config.collective_autotune_dynamic_ratio, upper)
+    upper = int(bounds.upper) if isinstance(bounds.upper, sympy.Integer) else settings.dynamic_max
+    points = _points(settings.dynamic_ratio, upper)
     tensor_arguments = [a.name for a in op._schema.arguments if _is_tensor(a)]
     ladder = Ladder(tensor_arguments[0], dim, points, upper)
     names = [range_name(name, start, end) for start, end in sorted(ladder.ranges)]
+    ladders = _ladders.setdefault(V.graph, {})
     for n in names:
-        _ladders[n] = names
+        ladders[n] = names
     log.info(
         "%s has a dynamic size along dim %d of %s (up to %d): tuned at %s",
         name, dim, ladder.tensor_name, upper, [*points, upper],
@@ -119,39 +122,48 @@ def is_range(name: str) -> bool:
     return bool(_RANGE_NAME.search(name))
 
 
-def interpolated(name: str, decided: Callable[[str], Optional[str]]) -> Optional[tuple[str, str]]:
-    """The winner of the ladder range ``name`` without timing it, and why: the common
-    winner of its nearest decided neighbours below and above, when they agree.
-    ``decided`` gives a range's decision by its name (None while undecided)."""
-    below, above = _nearest_decided(name, decided, -1), _nearest_decided(name, decided, 1)
+def ladder_of(name: str) -> Optional[list[str]]:
+    """The range names, in size order, of the ladder that range ``name`` belongs to in
+    the graph being lowered (None for a range of no ladder, the user's split points)."""
+    from torch._inductor.virtualized import V
+
+    return _ladders.get(V.graph, {}).get(name)
+
+
+def interpolated(
+    ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]]
+) -> Optional[tuple[str, str]]:
+    """The winner of range ``name`` of ``ladder`` (range names in size order) without
+    timing it, and why: the common winner of its nearest decided neighbours below and
+    above, when they agree. ``decided`` gives a range's decision by its name (None
+    while undecided)."""
+    below, above = _nearest_decided(ladder, name, decided, -1), _nearest_decided(ladder, name, decided, 1)
     if below is None or above is None or below[1] != above[1]:
         return None
     return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
 
 
-def decided_below(name: str, decided: Callable[[str], Optional[str]]) -> Optional[tuple[str, str]]:
-    """The winner of the range just below the ladder range ``name``, and its top size,
-    once decided. A range is timed at its top; where two choices tie there, the one
-    that won just below is the faster over the rest of the range, which lies toward it.
-    (A range decided further below says nothing of this one's lower sizes.)"""
-    names = _ladders.get(name)
-    if names is None or names.index(name) == 0:
+def decided_below(
+    ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]]
+) -> Optional[tuple[str, str]]:
+    """The winner of the range just below range ``name`` of ``ladder``, and its top
+    size, once decided. A range is timed at its top; where two choices tie there, the
+    one that won just below is the faster over the rest of the range, which lies toward
+    it. (A range decided further below says nothing of this one's lower sizes.)"""
+    i = list(ladder).index(name)
+    if i == 0:
         return None
-    below = names[names.index(name) - 1]
-    winner = decided(below)
-    return None if winner is None else (winner, _top(below))
+    winner = decided(ladder[i - 1])
+    return None if winner is None else (winner, _top(ladder[i - 1]))
 
 
 def _nearest_decided(
-    name: str, decided: Callable[[str], Optional[str]], step: int
+    ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]], step: int
 ) -> Optional[tuple[str, str]]:
-    """(range name, winner) of the nearest decided range of ``name``'s ladder below
-    (step -1) or above (step 1) it; None where there is none."""
-    names = _ladders.get(name)
-    if names is None:
-        return None
-    i = names.index(name)
-    side = reversed(names[:i]) if step < 0 else names[i + 1:]
+    """(range name, winner) of the nearest decided range of ``ladder`` below (step -1)
+    or above (step 1) range ``name``; None where there is none."""
+    i = list(ladder).index(name)
+    side = reversed(ladder[:i]) if step < 0 else ladder[i + 1:]
     return next(((n, w) for n in side if (w := decided(n)) is not None), None)
 
 
@@ -160,7 +172,7 @@ def _nearest_decided(
 _benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
-def benchmark_module(choice: Any, neighbours: Neighbours) -> Any:
+def benchmark_module(choice: Any, neighbours: Neighbours, lower_only: bool = False) -> Any:
     """``choice``, an implementation of one range of a range-based op (a
     SubgraphChoiceCaller; the ladder's ranges or the user's split points), compiled for
     the benchmark with the call site's ``neighbours``: one module per implementation
@@ -179,6 +191,7 @@ def benchmark_module(choice: Any, neighbours: Neighbours) -> Any:
         implementation_of(choice),
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
+        lower_only,
         *map(_layout_of, choice.input_nodes),
     )
     modules = _benchmark_modules.setdefault(V.graph, {})
@@ -186,12 +199,12 @@ def benchmark_module(choice: Any, neighbours: Neighbours) -> Any:
         return modules[key]
     counters["inductor"]["collective_autotune_range_builds"] += 1
     if key not in modules:
-        modules[key] = _size_generic_module(choice, neighbours)
+        modules[key] = _size_generic_module(choice, neighbours, lower_only)
     # Without a size-generic module: this range's own, at its size.
-    return modules[key] if modules[key] is not None else module_for_benchmark(choice, neighbours)
+    return modules[key] if modules[key] is not None else module_for_benchmark(choice, neighbours, lower_only)
 
 
-def _size_generic_module(choice: Any, neighbours: Neighbours) -> Any:
+def _size_generic_module(choice: Any, neighbours: Neighbours, lower_only: bool) -> Any:
     """``choice`` with ``neighbours`` traced once more on its inputs' symbolic sizes and
     compiled for any size; None where that trace would add guards on them (they would
     become the model's guards, and the module would be right only at some sizes) or
@@ -202,7 +215,7 @@ def _size_generic_module(choice: Any, neighbours: Neighbours) -> Any:
     """
 
     try:
-        return compiled_module(choice, neighbours.around(implementation_of(choice)), symbolic=True)
+        return compiled_module(choice, neighbours.around(implementation_of(choice)), True, lower_only)
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",
@@ -215,19 +228,6 @@ def _size_generic_module(choice: Any, neighbours: Neighbours) -> Any:
 def _layout_of(node: Any) -> tuple[Any, ...]:
     """What a module traced on IR node ``node`` depends on: its size, stride, dtype, device."""
     return str(node.get_size()), str(node.get_stride()), node.get_dtype(), node.get_device()
-
-
-def _validate(ratio: Any, largest: Any) -> None:
-    problems = []
-    if not (isinstance(ratio, int) and ratio >= 2):
-        problems.append(f"collective_autotune_dynamic_ratio={ratio!r}: an int >= 2")
-    if not (isinstance(largest, int) and largest >= 1):
-        problems.append(f"collective_autotune_dynamic_max={largest!r}: an int >= 1")
-    if problems:
-        raise ValueError(
-            "invalid collective autotuning configuration (torch._inductor.config or its "
-            "TORCHINDUCTOR_* variable); expected " + "; ".join(problems)
-        )
 
 
 def _points(ratio: int, upper: int) -> tuple[int, ...]:

@@ -4,21 +4,24 @@ Inductor lowers a collective-tuned op call by call. Agreeing with the group at e
 call site would cost an arrival per site, and a group could give two sites of one key
 different winners. Instead, at the first collective-tuned call site of a graph, each
 rank takes the graph's *plan* (the collective-tuned call sites in its FX graph, per
-process group) and joins one session per group (runtime/collective_protocol). From
-then on every distinct *key* (op, shapes, choices, timing mode) is agreed at its first
-call site by the ranks that joined, in lockstep (they lower the same graph in the same
-order), with one vote; the result becomes the group's decision for the key, kept in
-the Store for the job, which every later site, graph and recompile reuses. A key is
-benchmarked only when nobody decided it yet and the ranks' stored decisions
-(runtime/collective_decisions) are not identical.
+process group) and joins one session per group (runtime/collective_protocol), bringing
+its collective autotuning settings, which must be the same on every rank. From then on
+every distinct *key* (op, shapes, choices and their code, timing mode) is agreed at its
+first call site by the ranks that joined, in lockstep (they lower the same graph in the
+same order), with one vote; the result becomes the group's decision for the key, kept in
+the Store for the job attempt, which every later site, graph and recompile reuses. A
+key is benchmarked only when nobody decided it yet and the ranks' stored decisions
+(runtime/collective_decisions) are not identical; an identical stored winner is screened
+against the op's own implementation again before it is used.
 
 The FX-graph and AOTAutograd caches stay on. A compiled graph that inlines collective
-decisions carries them (``CompiledFxGraph.collective_decisions``, which the caches keep
-with the graph), and a cache hit of such a graph is used only when every inlined decision is the group's: either the
-group decided those keys already in this job, or every rank of the group loads the
-identical graph, which the ranks find out by joining the graph's session with what
-they loaded. Otherwise the hit is turned into a miss and every rank compiles the
-graph, so a rank with warm caches never skips a session its cold peers wait in.
+decisions records them (``CompiledFxGraph.collective_decisions``), and a cache hit of
+such a graph is used only when every inlined decision is the group's: either the group
+decided those keys already in this attempt, or every rank of the group loads the
+identical graph, made for the current environment and code, from decisions that were
+not provisional, which the ranks find out by joining the graph's session with what they
+loaded. Otherwise the hit is turned into a miss and every rank compiles the graph, so a
+rank with warm caches never skips a session its cold peers wait in.
 """
 
 from __future__ import annotations
@@ -30,38 +33,40 @@ import weakref
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
+from torch._inductor.kernel.collective_choices import current_identity, is_registered_collective
 from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, op_name
-from torch._inductor.kernel.collective_records import digest, note_cached_sites
+from torch._inductor.kernel.collective_records import (
+    Action,
+    CollectiveAutotuneRecord,
+    keep_record,
+    Source,
+)
 from torch._inductor.runtime.collective_decisions import (
     current_environment,
+    digest,
     group_scope,
     InlinedDecision,
 )
 from torch._inductor.runtime.collective_protocol import (
+    CollectiveAutotuneError,
     CollectiveSession,
     Decision,
+    DecisionKind,
     GroupDecisions,
-    liveness,
+    participant,
 )
 
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
+
 
 log = logging.getLogger(__name__)
 
 # Why a site takes the decision an earlier site of the same graph settled for its key.
 SETTLED_IN_GRAPH = "decided at an earlier site of this graph"
-
-# Ops registered for autotuning whose name or schema says they communicate.
-_collective_ops: set[str] = set()
-
-
-def note_registration(op: Any, collective: bool) -> None:
-    """Remember an op registered with register_custom_op_autotuning, if collective."""
-    if collective:
-        _collective_ops.add(op_name(op))
 
 
 # -- plans -------------------------------------------------------------------------
@@ -77,7 +82,7 @@ def _plan(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        if op_name(node.target) not in _collective_ops:
+        if not is_registered_collective(node.target):
             continue
         group, descriptor = _site(node)
         sites.setdefault(group, []).append(descriptor)
@@ -111,6 +116,33 @@ def _group_name(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+# -- what the group decided ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupChoice:
+    """The group's decision for a key, as the Store keeps it for the attempt."""
+
+    winner: str
+    # Taken without the group's agreement on merit (a rank was absent or late, ranks
+    # tuned different things): holds for this attempt only.
+    provisional: bool = False
+
+    def encode(self) -> str:
+        return json.dumps([self.winner, self.provisional])
+
+    @staticmethod
+    def decode(raw: str) -> GroupChoice:
+        winner, provisional = json.loads(raw)
+        return GroupChoice(winner, provisional)
+
+
+def decided(decisions: GroupDecisions, key: str) -> Optional[GroupChoice]:
+    """The group's decision for ``key`` if published (no waiting)."""
+    raw = decisions.get(key)
+    return None if raw is None else GroupChoice.decode(raw)
+
+
 # -- the graph's sessions ------------------------------------------------------------
 
 
@@ -124,25 +156,42 @@ class GroupSession:
     session: CollectiveSession
     decision: Decision
     decisions: GroupDecisions
+    settings: BenchmarkSettings
     # Keys already settled in this graph: later sites of a key reuse them unvoted.
-    settled: dict[str, str] = dataclasses.field(default_factory=dict)
+    settled: dict[str, GroupChoice] = dataclasses.field(default_factory=dict)
     # What the graph inlines of each settled key, for its cache entry.
     inlined: dict[str, InlinedDecision] = dataclasses.field(default_factory=dict)
 
     @property
     def votes(self) -> bool:
         """Whether this rank agrees keys with its peers in lockstep."""
-        return self.session.joined and self.decision.kind == "compile"
+        return self.session.votes
 
 
-# Sessions joined by a cache hit that the group turned into a compile: the compile
-# that follows takes them over, as a participant.
-_pending: dict[tuple[str, str], GroupSession] = {}
-# The sessions of each graph being lowered, by group name.
+class _PendingSessions(dict[tuple[str, str], GroupSession]):
+    """Sessions joined by a cache hit that the group turned into a compile: the compile
+    that follows takes them over, as a participant. Cleared with Inductor's caches."""
+
+    def cache_clear(self) -> None:
+        self.clear()
+
+
+_pending = _PendingSessions()
+
+
+def _register_pending() -> None:
+    from torch._inductor.utils import clear_on_fresh_cache
+
+    clear_on_fresh_cache(_pending)
+
+
+_register_pending()
+
+# The sessions of each graph being lowered, by group name: they live as long as it.
 _graph_sessions: weakref.WeakKeyDictionary[Any, dict[str, GroupSession]] = weakref.WeakKeyDictionary()
 
 
-def session_for(group: ProcessGroup, timeout: float) -> GroupSession:
+def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSession:
     """The session of the graph being lowered on ``group`` (joined at first use).
 
     At its first collective-tuned call site a graph joins the sessions of all its
@@ -159,7 +208,7 @@ def session_for(group: ProcessGroup, timeout: float) -> GroupSession:
         for name in sorted(plan):
             member = _resolve(name)
             if member is not None:
-                sessions[name] = _join(member, digest(plan[name], _timing_context()), timeout, loaded="")
+                sessions[name] = _join(member, digest(plan[name], _timing_context()), settings, loaded="")
         _graph_sessions[graph] = sessions
     if group.group_name not in sessions:
         # A site that the plan could not see (its op hides that it communicates, or
@@ -167,7 +216,7 @@ def session_for(group: ProcessGroup, timeout: float) -> GroupSession:
         node = V.graph.current_node
         descriptor = _site(node)[1] if node is not None else ""
         sessions[group.group_name] = _join(
-            group, digest([descriptor], _timing_context()), timeout, loaded=""
+            group, digest([descriptor], _timing_context()), settings, loaded=""
         )
     return sessions[group.group_name]
 
@@ -180,52 +229,89 @@ def joined_session(group: ProcessGroup) -> Optional[GroupSession]:
 
 
 def _timing_context() -> tuple[Any, ...]:
-    """What changes keys without changing the graph: how the model will run."""
+    """What changes keys without changing the graph: whether the model runs under
+    CUDA graphs."""
     from torch._inductor import config
 
-    return (bool(config.triton.cudagraphs), config.collective_benchmark_mode)
+    return (bool(config.triton.cudagraphs),)
 
 
-def _join(group: ProcessGroup, plan: str, timeout: float, loaded: str, name: str = "") -> GroupSession:
+def _join(
+    group: ProcessGroup, plan: str, settings: BenchmarkSettings, loaded: str, name: str = ""
+) -> GroupSession:
+    """Join the session ``name`` (the plan's, by default) of ``group``, bringing what
+    this rank ``loaded`` from its cache and its ``settings``; raises
+    CollectiveAutotuneError, on every rank, where the ranks' settings differ."""
     import torch.distributed as dist
+    from torch._dynamo.utils import counters
 
     name = name or plan
     pending = _pending.pop((group.group_name, name), None)
     if pending is not None:
         return pending
-    store = dist.distributed_c10d._get_default_store()
+    counters["inductor"]["collective_autotune_sessions"] += 1
+    member = participant(settings.timeout)
     session = CollectiveSession(
-        store, group.group_name, name, dist.get_rank(group),
-        dist.get_process_group_ranks(group), timeout,
+        member, group.group_name, name, dist.get_rank(group),
+        dist.get_process_group_ranks(group), settings.timeout,
     )
     decision = session.agree(
-        {"loaded": loaded}, decide=_decide_graph, fallback=lambda why: Decision("fallback", why)
+        {"loaded": loaded, "settings": settings.knobs()},
+        decide=_decide_graph,
+        fallback=lambda why: Decision(DecisionKind.FALLBACK, why),
     )
-    return GroupSession(group, plan, session, decision, group_decisions(group, timeout))
+    if decision.kind == DecisionKind.MISMATCH:
+        raise CollectiveAutotuneError(f"group {group.group_name}: {decision.reason}")
+    return GroupSession(group, plan, session, decision, group_decisions(group, settings.timeout), settings)
 
 
 def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
-    """The decisions ``group`` keeps in the Store for the job, under its environment."""
+    """The decisions ``group`` keeps in the Store for the attempt, under its environment."""
     import torch.distributed as dist
 
     return GroupDecisions(
-        dist.distributed_c10d._get_default_store(), group.group_name,
-        dist.get_process_group_ranks(group), group_scope(group), timeout,
+        participant(timeout), group.group_name, dist.get_process_group_ranks(group),
+        group_scope(group), timeout,
     )
 
 
 def _decide_graph(joins: list[dict[str, Any]]) -> Decision:
-    """Load the cached graph only if every rank loaded the identical one."""
+    """Stop if the ranks' settings differ; load the cached graph only if every rank
+    loaded the identical one; otherwise every rank compiles it."""
+    mismatch = _differing_settings([j["settings"] for j in joins])
+    if mismatch:
+        return Decision(DecisionKind.MISMATCH, mismatch)
     loaded = [j["loaded"] for j in joins]
     if loaded[0] and all(x == loaded[0] for x in loaded):
-        return Decision("load", "every rank loaded the same compiled graph from its cache")
+        return Decision(DecisionKind.LOAD, "every rank loaded the same compiled graph from its cache")
     hits = [r for r, x in enumerate(loaded) if x]
     if not hits:
-        return Decision("compile", "every rank compiles the graph")
+        return Decision(DecisionKind.COMPILE, "every rank compiles the graph")
     return Decision(
-        "compile",
+        DecisionKind.COMPILE,
         f"group ranks {hits} hit their caches but not with one graph on every rank; "
         "every rank compiles it",
+    )
+
+
+def _differing_settings(per_rank: list[dict[str, Any]]) -> str:
+    """Which knobs differ between the ranks, naming each variable and its values, or ""."""
+    clauses = []
+    for knob in sorted(per_rank[0]):
+        values = [settings.get(knob) for settings in per_rank]
+        if any(v != values[0] for v in values):
+            by_value: dict[str, list[int]] = {}
+            for r, v in enumerate(values):
+                by_value.setdefault(repr(v), []).append(r)
+            clauses.append(
+                f"TORCHINDUCTOR_{knob.upper()} (torch._inductor.config.{knob}) differs: "
+                + ", ".join(f"{v} on group ranks {ranks}" for v, ranks in by_value.items())
+            )
+    if not clauses:
+        return ""
+    return (
+        "the ranks of the group must tune with the same collective autotuning settings; "
+        + "; ".join(clauses)
     )
 
 
@@ -249,7 +335,7 @@ class SiteReport:
 
     key: str
     choices: tuple[str, ...]
-    # The group's decision for the key, if one was published.
+    # The group's decision for the key, if one was published (GroupChoice, encoded).
     decided: str
     # This rank's stored decision: its digest and winner, or empty.
     stored: str
@@ -257,16 +343,32 @@ class SiteReport:
     # Choices whose implementation raised while traced here, with the reason.
     failed: dict[str, str]
 
+    def encode(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def decode(raw: str) -> SiteReport:
+        d = json.loads(raw)
+        return SiteReport(d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"])
+
 
 @dataclasses.dataclass(frozen=True)
 class SiteDecision:
     """How the group settles one key: ``use`` a choice, or ``benchmark`` some."""
 
-    kind: str
+    action: Action
     choices: tuple[str, ...]
     reason: str
-    # Where the decision comes from: "benchmark", "job", "disk", "agreement".
-    source: str
+    source: Source
+    provisional: bool = False
+
+
+# What building a site's choices takes: the labels to build; why each that did not fails.
+Build = Callable[[Sequence[str]], dict[str, str]]
+# Screening a stored winner against the op's own implementation on every rank, in the
+# session that votes on the key: "" if it passed, else why not (the same words on every
+# rank).
+Verify = Callable[[str, GroupSession], str]
 
 
 def agree_key(
@@ -274,19 +376,20 @@ def agree_key(
     key: str,
     report: Callable[[], SiteReport],
     default: str,
-    build: Callable[[], dict[str, str]],
+    build: Build,
+    verify: Verify,
     timing_allowed: bool,
 ) -> tuple[SiteDecision, GroupSession]:
     """The group's decision for ``key``, identical on every rank; and the session
     whose votes a benchmark of the key must use.
 
     ``report`` gives what this rank knows of the key; it is asked for only where the
-    ranks vote. ``build`` compiles this rank's choices and returns why each one that
-    did not build failed; it runs only when nothing decided the key without timing it.
+    ranks vote. ``build`` compiles choices of this rank and ``verify`` screens a stored
+    winner again; they run only where the group needs them, on every rank alike.
     """
     settled = session.settled.get(key)
     if settled is not None:
-        return SiteDecision("use", (settled,), SETTLED_IN_GRAPH, "job"), session
+        return SiteDecision(Action.USE, (settled.winner,), SETTLED_IN_GRAPH, Source.JOB, settled.provisional), session
     if not session.votes:
         followed = _follow(session, key, default)
         if followed is not None:
@@ -296,8 +399,7 @@ def agree_key(
         # forward's, say): the key gets a session of its own. What it settles is
         # settled in this graph, for the key's later sites to reuse untraced.
         session = dataclasses.replace(
-            _join(session.group, session.plan, session.session.timeout, loaded="",
-                  name=digest(key, "key")),
+            _join(session.group, session.plan, session.settings, loaded="", name=digest(key, "key")),
             plan=session.plan,
             settled=session.settled,
             inlined=session.inlined,
@@ -306,20 +408,21 @@ def agree_key(
             # Its peers decided it in that session without this rank: they publish it.
             followed = _follow(session, key, default) or _published(session, key, default)
             return followed, session
-    return _vote_key(session, report(), default, build, timing_allowed), session
+    return _vote_key(session, report(), default, build, verify, timing_allowed), session
 
 
 def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecision]:
     """The decision of a rank that does not vote in ``session``; None where the session
     was held by an earlier compile of its plan, which did not decide ``key``."""
-    stored = session.decisions.get(key)
-    if session.decision.kind == "fallback":
+    stored = decided(session.decisions, key)
+    if session.decision.kind == DecisionKind.FALLBACK:
         # The group did not assemble: the op's own implementation, unless the key
-        # was decided before.
-        return SiteDecision("use", (stored or default,), session.decision.reason, "agreement")
+        # was decided before (the same words on the rank that decides and those late).
+        winner, provisional = (stored.winner, stored.provisional) if stored is not None else (default, True)
+        return SiteDecision(Action.USE, (winner,), session.decision.reason, Source.AGREEMENT, provisional)
     if stored is not None:
-        return SiteDecision("use", (stored,), "decided earlier in this job", "job")
-    if session.decision.kind == "load":
+        return SiteDecision(Action.USE, (stored.winner,), "decided earlier in this job", Source.JOB, stored.provisional)
+    if session.decision.kind == DecisionKind.LOAD:
         # The ranks that loaded the graph publish its decisions right away.
         return _published(session, key, default)
     return None
@@ -330,57 +433,94 @@ def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
     implementation (proposed like any decision, so every rank ends with the same)."""
     stored = session.decisions.wait(key)
     if stored is not None:
-        return SiteDecision("use", (stored,), "decided by the group", "job")
-    return SiteDecision("use", (default,), "the group did not publish a decision in time", "agreement")
+        choice = GroupChoice.decode(stored)
+        return SiteDecision(Action.USE, (choice.winner,), "decided by the group", Source.JOB, choice.provisional)
+    return SiteDecision(
+        Action.USE, (default,), "the group did not publish a decision in time", Source.AGREEMENT, provisional=True
+    )
 
 
 def _vote_key(
     session: GroupSession,
     report: SiteReport,
     default: str,
-    build: Callable[[], dict[str, str]],
+    build: Build,
+    verify: Verify,
     timing_allowed: bool,
 ) -> SiteDecision:
     topic = f"site/{report.key}"
-    reports = [_decode_report(r) for r in session.session.vote(topic, _encode(report))]
-    decided = next((r.decided for r in reports if r.decided), "")
-    if decided:
-        return SiteDecision("use", (decided,), "decided earlier in this job", "job")
+    reports = [SiteReport.decode(r) for r in session.session.vote(topic, report.encode())]
+    published = next((GroupChoice.decode(r.decided) for r in reports if r.decided), None)
+    if published is not None:
+        return SiteDecision(
+            Action.USE, (published.winner,), "decided earlier in this job", Source.JOB, published.provisional
+        )
     differing = [
         r for r, rep in enumerate(reports)
         if (rep.key, rep.choices) != (reports[0].key, reports[0].choices)
     ]
+    choices = reports[0].choices
     if differing:
-        common = [n for n in reports[0].choices if all(n in rep.choices for rep in reports)]
+        common = [n for n in choices if all(n in rep.choices for rep in reports)]
         chosen = default if default in common else (common or [default])[0]
         return SiteDecision(
-            "use", (chosen,),
+            Action.USE, (chosen,),
             f"group ranks {differing} tune a different op, shape or choice list than "
             f"group rank 0; all use {chosen}",
-            "agreement",
+            Source.AGREEMENT, provisional=True,
         )
     failed = _failures([rep.failed for rep in reports])
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
-    if len(stored) == 1 and "" not in stored and winner not in failed:
-        return SiteDecision("use", (winner,), "every rank holds the same stored decision", "disk")
-    with liveness.working(f"compiling the choices of {topic}"):
-        built = build()
-    outcomes = session.session.vote(f"{topic}/build", json.dumps(built, sort_keys=True))
-    for name, why in _failures([json.loads(outcome) for outcome in outcomes]).items():
+    if len(stored) == 1 and "" not in stored and winner in choices and winner not in failed:
+        verdict = _verify_stored(session, topic, winner, default, build, verify)
+        if not verdict:
+            return SiteDecision(
+                Action.USE, (winner,),
+                "every rank holds the same stored decision, which passed its screen again", Source.DISK,
+            )
+        log.warning(
+            "the stored decision for %s (winner %s) is not used: %s; tuning afresh",
+            topic, winner, verdict,
+        )
+        failed[winner] = f"the stored winner {verdict}"
+    runnable = [n for n in choices if n not in failed]
+    for name, why in _built(session, f"{topic}/build", build, runnable).items():
         failed.setdefault(name, why)
     for name, why in failed.items():
         log.warning("choice %s is dropped on every rank of the group: %s", name, why)
-    runnable = [n for n in reports[0].choices if n not in failed]
+    runnable = [n for n in choices if n not in failed]
     note = "".join(f"; dropped {name} ({why})" for name, why in sorted(failed.items()))
     if not runnable:
-        return SiteDecision("use", (default,), f"no choice builds on every rank{note}", "agreement")
+        return SiteDecision(Action.USE, (default,), f"no choice builds on every rank{note}", Source.AGREEMENT)
     if len(runnable) == 1:
-        return SiteDecision("use", tuple(runnable), f"the only choice built on every rank{note}", "agreement")
+        return SiteDecision(
+            Action.USE, tuple(runnable), f"the only choice built on every rank{note}", Source.AGREEMENT
+        )
     if not timing_allowed:
         chosen = default if default in runnable else runnable[0]
-        return SiteDecision("use", (chosen,), f"config.deterministic: untimed{note}", "agreement")
-    return SiteDecision("benchmark", tuple(runnable), f"benchmarked on every rank{note}", "benchmark")
+        return SiteDecision(Action.USE, (chosen,), f"config.deterministic: untimed{note}", Source.AGREEMENT)
+    return SiteDecision(Action.BENCHMARK, tuple(runnable), f"benchmarked on every rank{note}", Source.BENCHMARK)
+
+
+def _verify_stored(
+    session: GroupSession, topic: str, winner: str, default: str, build: Build, verify: Verify
+) -> str:
+    """Screen the stored ``winner`` against the op's own implementation on every rank
+    (a decision file may have been edited, a choice may compute differently now):
+    "" where it passed, else why not, the same on every rank."""
+    failed = _built(session, f"{topic}/verify", build, [default, winner])
+    if failed:
+        return "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
+    return verify(winner, session)
+
+
+def _built(session: GroupSession, topic: str, build: Build, labels: Sequence[str]) -> dict[str, str]:
+    """Build ``labels`` on this rank and vote: why each failed, on which ranks."""
+    with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
+        failures = build(labels)
+    outcomes = session.session.vote(topic, json.dumps(failures, sort_keys=True))
+    return _failures([json.loads(outcome) for outcome in outcomes])
 
 
 def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
@@ -400,34 +540,34 @@ def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
 
 
 def settle_key(
-    session: GroupSession, key: str, winner: str, op: str, environment: dict[str, Any]
-) -> str:
-    """Publish ``winner`` as the group's decision for ``key``; the stored decision.
+    session: GroupSession,
+    key: str,
+    choice: GroupChoice,
+    op: str,
+    environment: dict[str, Any],
+    code: dict[str, str],
+) -> GroupChoice:
+    """Publish ``choice`` as the group's decision for ``key``; the stored decision.
 
     The first decision stored for a key is the group's: a rank whose proposal lost
     (another session of the group decided the key first) takes the stored one, as
-    every other rank does. ``environment`` (runtime/collective_decisions) is the one
-    the decision holds in; the graph's cache entry records it.
+    every other rank does. The graph's cache entry records it with ``environment``
+    (runtime/collective_decisions) and the ``code`` identities it holds for.
     """
     stored = session.settled.get(key)
     if stored is None:
-        stored = session.decisions.publish(key, winner)
-        if stored != winner:
-            log.info("key %s: the group had decided %s already; using it instead of %s", key, stored, winner)
+        stored = GroupChoice.decode(session.decisions.publish(key, choice.encode()))
+        if stored.winner != choice.winner:
+            log.info(
+                "key %s: the group had decided %s already; using it instead of %s",
+                key, stored.winner, choice.winner,
+            )
         session.settled[key] = stored
     session.inlined[key] = InlinedDecision(
-        session.group.group_name, session.plan, key, stored, op, environment
+        session.group.group_name, session.plan, key, stored.winner, op, environment, code,
+        stored.provisional,
     )
     return stored
-
-
-def _encode(report: SiteReport) -> str:
-    return json.dumps(dataclasses.asdict(report), sort_keys=True)
-
-
-def _decode_report(raw: str) -> SiteReport:
-    d = json.loads(raw)
-    return SiteReport(d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"])
 
 
 # -- the FX-graph cache gate ---------------------------------------------------------
@@ -447,12 +587,13 @@ def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
     """Whether a cached graph that inlines ``decisions`` may be used.
 
     True for graphs without collective decisions. Otherwise every inlined decision
-    must be the group's: already decided so in this job, or made for the group's
+    must be the group's: already decided so in this attempt, or, made for the group's
     current environment (size, backend, device model, interconnect, NVLS, torch and
-    NCCL versions) and loaded identically by every rank of the group (one session
-    per group). A hit that fails this is a miss, and the session it joined passes on
-    to the compile that follows. ``FxGraphCache.cache_hit_post_compile`` asks this of
-    every hit (also those of AOTAutograd entries).
+    NCCL versions) and code, not provisional, and loaded identically by every rank of
+    the group (one session per group). A hit that fails this is a miss, and the
+    session it joined passes on to the compile that follows.
+    ``FxGraphCache.cache_hit_post_compile`` asks this of every hit (also those of
+    AOTAutograd entries).
     """
     from torch._inductor import config
 
@@ -460,39 +601,83 @@ def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
         return True
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or config.collective_autotune_retune:
+    if not (config.collective_autotune and dist.is_available() and dist.is_initialized()):
         return False
-    timeout = config.collective_benchmark_timeout
+    if config.collective_autotune_retune:
+        return False
+    from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
+
+    settings = BenchmarkSettings.from_config()
     sites: dict[tuple[str, str], list[InlinedDecision]] = {}
     for decision in decisions:
         sites.setdefault((decision.group_name, decision.plan), []).append(decision)
     for (group_name, plan), inlined in sorted(sites.items()):
-        embedded = {d.key: d.winner for d in inlined}
-        group = _resolve(group_name)
-        if group is None:
+        if not _group_loads(group_name, plan, inlined, settings):
             return False
-        decisions_of_group = group_decisions(group, timeout)
-        current = {key: decisions_of_group.get(key) for key in embedded}
-        if all(v is not None for v in current.values()):
-            if current != embedded:
-                log.info("a cached graph inlines %s, the group decided %s: compiling it", embedded, current)
-                return False
-            continue
-        pending = _pending.get((group_name, plan))
-        if pending is not None:  # this hit's graph was already decided to be compiled
-            return False
-        foreign = [d.environment for d in inlined if d.environment != current_environment(group, d.environment)]
-        if foreign:
-            # This rank cannot use the hit; joining with nothing loaded tells its peers.
-            log.info("a cached graph inlines decisions made in %s: compiling it", foreign[0])
-        loaded = "" if foreign else digest(sorted(embedded.items()))
-        joined = _join(group, plan, timeout, loaded=loaded)
-        if joined.decision.kind != "load":
-            log.info("cached graph not loaded: %s", joined.decision.reason)
-            if joined.votes:
-                _pending[(group_name, plan)] = joined
-            return False
-        if any(joined.decisions.publish(k, v) != v for k, v in embedded.items()):
-            return False
-    note_cached_sites([(d.group_name, d.plan, d.key, d.winner, d.op) for _, ds in sorted(sites.items()) for d in ds])
+    for decision in decisions:
+        _keep_cached(decision)
     return True
+
+
+def _group_loads(
+    group_name: str, plan: str, inlined: list[InlinedDecision], settings: BenchmarkSettings
+) -> bool:
+    """Whether the group of ``group_name`` takes the decisions ``inlined`` in a cached
+    graph of ``plan``, as :func:`cached_graph_may_load` says."""
+    embedded = {d.key: GroupChoice(d.winner, d.provisional) for d in inlined}
+    group = _resolve(group_name)
+    if group is None:
+        return False
+    known = group_decisions(group, settings.timeout)
+    current = {key: decided(known, key) for key in embedded}
+    if all(v is not None for v in current.values()):
+        if current != embedded:
+            log.info("a cached graph inlines %s, the group decided %s: compiling it", embedded, current)
+            return False
+        return True
+    if (group_name, plan) in _pending:  # this hit's graph was already decided to be compiled
+        return False
+    why_not = _why_not_loadable(group, inlined)
+    if why_not:
+        # This rank cannot use the hit; joining with nothing loaded tells its peers.
+        log.info("a cached graph is not used: %s; compiling it", why_not)
+    loaded = "" if why_not else digest(sorted((k, v.encode()) for k, v in embedded.items()))
+    joined = _join(group, plan, settings, loaded=loaded)
+    if joined.decision.kind != DecisionKind.LOAD:
+        log.info("cached graph not loaded: %s", joined.decision.reason)
+        if joined.votes:
+            _pending[(group_name, plan)] = joined
+        return False
+    return all(
+        GroupChoice.decode(joined.decisions.publish(k, v.encode())) == v for k, v in embedded.items()
+    )
+
+
+def _why_not_loadable(group: ProcessGroup, inlined: list[InlinedDecision]) -> str:
+    """Why this rank cannot load decisions ``inlined`` in a cached graph, or "": one
+    was provisional (it held for its own attempt only), or made in another
+    environment, or for code that has changed since."""
+    for d in inlined:
+        if d.provisional:
+            return f"its decision for {d.op} was a fallback of an earlier job"
+        if d.environment != current_environment(group, d.environment):
+            return f"its decision for {d.op} was made in {d.environment}"
+        changed = sorted(name for name, identity in d.code.items() if current_identity(name) != identity)
+        if changed:
+            return f"the implementations {changed} of {d.op} changed since it was compiled"
+    return ""
+
+
+def _keep_cached(decision: InlinedDecision) -> None:
+    """Record a decision inlined in a graph loaded from the cache."""
+    import torch.distributed as dist
+
+    group = torch._C._distributed_c10d._resolve_process_group(decision.group_name)
+    keep_record(
+        CollectiveAutotuneRecord(
+            decision.op, decision.group_name, tuple(dist.get_process_group_ranks(group)),
+            decision.key, decision.plan, Action.USE, Source.CACHE,
+            "inlined in a compiled graph loaded from the cache; the group agrees", (),
+            decision.winner, provisional=decision.provisional,
+        )
+    )

@@ -1,30 +1,52 @@
 """What a collective decision is for, and what one rank decided.
 
 A decision is for a *key* (:func:`site_key`): the op, its inputs' sizes, strides and
-dtypes, its choices, how they are timed, the threshold and what the call site fuses
-with, as a short :func:`digest` that every rank computes alike. Each decision this
-process makes or loads is kept as a :class:`CollectiveAutotuneRecord`
-(:func:`collective_autotune_records`), and :func:`format_record` writes it as the table
-that ``TORCH_LOGS=collective_autotuning`` prints.
+dtypes, its choices and the code identity of each, how they are timed, the threshold
+and what the call site fuses with, as a short digest that every rank computes alike.
+Each decision this process makes or loads is kept as a :class:`CollectiveAutotuneRecord`
+(:func:`collective_autotune_records`, cleared with Inductor's other caches by
+``fresh_cache``); :func:`format_record` writes it as the table that
+``TORCH_LOGS=collective_autotuning`` prints and that ``TORCH_TRACE`` keeps for tlparse.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from typing import Any, Sequence, TYPE_CHECKING
+import enum
+from typing import Any, Mapping, Sequence, TYPE_CHECKING
 
-import torch
 from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
+from torch._inductor.runtime.collective_decisions import digest
 
 
 if TYPE_CHECKING:
     from torch._inductor.kernel.collective_choice_modules import Neighbours
 
 
-def digest(*parts: Any) -> str:
-    """A short name for ``parts``, the same on every rank."""
-    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+class Action(str, enum.Enum):
+    """What the group did about a key."""
+
+    # Timed its choices now, on every rank.
+    BENCHMARK = "benchmark"
+    # Took a decision without timing.
+    USE = "use"
+
+
+class Source(str, enum.Enum):
+    """Where a decision comes from."""
+
+    # Timed now by the group.
+    BENCHMARK = "benchmark"
+    # Decided earlier in this job (attempt), by this group.
+    JOB = "job"
+    # Stored on disk by every rank, and screened again before it was used.
+    DISK = "disk"
+    # Inlined in a compiled graph that every rank loaded from its cache.
+    CACHE = "cache"
+    # The common winner of the neighbouring sizes of a dynamic op's range.
+    LADDER = "ladder"
+    # The group's fallback or its only choice, untimed.
+    AGREEMENT = "agreement"
 
 
 def site_key(
@@ -34,12 +56,15 @@ def site_key(
     mode: str,
     min_speedup_threshold: float,
     neighbours: Neighbours,
+    code: Mapping[str, str],
 ) -> str:
     """What a decision is for: the op (by its autotuning name), its inputs' sizes,
-    strides and dtypes, its choices, how they are timed, the threshold, and what the
-    site fuses with (the same op may win alone and lose between pointwise neighbours)."""
+    strides and dtypes, its choices, how they are timed, the threshold, what the site
+    fuses with (the same op may win alone and lose between pointwise neighbours), and
+    the code identity of every implementation (a changed implementation is a new key)."""
     return digest(
-        name, [_node_meta(n) for n in inputs], tuple(labels), mode, min_speedup_threshold, str(neighbours)
+        name, [_node_meta(n) for n in inputs], list(labels), mode, min_speedup_threshold,
+        str(neighbours), sorted(code.items()),
     )
 
 
@@ -60,17 +85,11 @@ class CollectiveAutotuneRecord:
     op: str
     group_name: str
     group_ranks: tuple[int, ...]
-    # The decision's key (op, shapes, choices, timing mode) and the session it was
-    # agreed in.
+    # The decision's key and the session it was agreed in.
     key: str
     session: str
-    # "benchmark" (timed now) or "use" (taken without timing), where the decision
-    # came from ("benchmark", "job": decided earlier in this job, "disk": stored by
-    # every rank, "cache": inlined in a cached graph every rank loaded, "ladder": the
-    # winner of both neighbouring sizes of a dynamic op, "agreement": the group's
-    # fallback or only choice), and why.
-    decision: str
-    source: str
+    decision: Action
+    source: Source
     reason: str
     timings: tuple[ChoiceTiming, ...]
     # Choices are named by their implementation and parameters, e.g.
@@ -81,14 +100,40 @@ class CollectiveAutotuneRecord:
     # "none"; collective_choice_modules).
     mode: str = ""
     timed_with: str = ""
-    # Seconds this rank waited for its peers (to arrive, to vote), spent compiling
-    # choices, and spent otherwise on the decision (its own votes and the benchmark).
+    # A decision taken without the group's agreement on merit (a rank was absent or
+    # late): it holds for this job attempt only, is never stored on disk, and a cached
+    # graph that inlines it is not loaded by another attempt.
+    provisional: bool = False
+    # Seconds this rank spent tracing the choices (upstream, before the decision),
+    # waited for its peers (to arrive, to vote), spent compiling choices, and spent
+    # otherwise on the decision (its own votes and the benchmark, whose steps are in
+    # ``phases``: every choice's first call, sizing batches, rounds, the reduction);
+    # and the Store requests it made for the decision.
+    trace_s: float = dataclasses.field(default=0.0, compare=False)
     waited_s: float = dataclasses.field(default=0.0, compare=False)
     build_s: float = dataclasses.field(default=0.0, compare=False)
     tuning_s: float = dataclasses.field(default=0.0, compare=False)
+    phases: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
+    store_requests: int = dataclasses.field(default=0, compare=False)
 
 
-_records: list[CollectiveAutotuneRecord] = []
+class _Records(list[CollectiveAutotuneRecord]):
+    """This process's decision records, cleared with Inductor's caches."""
+
+    def cache_clear(self) -> None:
+        self.clear()
+
+
+_records = _Records()
+
+
+def _register_records() -> None:
+    from torch._inductor.utils import clear_on_fresh_cache
+
+    clear_on_fresh_cache(_records)
+
+
+_register_records()
 
 
 def collective_autotune_records() -> list[CollectiveAutotuneRecord]:
@@ -101,28 +146,12 @@ def keep_record(record: CollectiveAutotuneRecord) -> None:
     _records.append(record)
 
 
-def note_cached_sites(sites: list[tuple[str, str, str, str, str]]) -> None:
-    """Record the decisions inlined in a graph loaded from the cache: (group, plan,
-    key, winner, op) of each of its collective-tuned keys."""
-    import torch.distributed as dist
-
-    for group_name, plan, key, winner, op in sites:
-        group = torch._C._distributed_c10d._resolve_process_group(group_name)
-        keep_record(
-            CollectiveAutotuneRecord(
-                op, group_name, tuple(dist.get_process_group_ranks(group)), key, plan, "use",
-                "cache", "inlined in a compiled graph loaded from the cache; the group agrees", (),
-                winner,
-            )
-        )
-
-
 def format_record(record: CollectiveAutotuneRecord) -> str:
     """A table of one decision: choice, slowest- and fastest-rank time, winner."""
     lines = [
         f"collective autotuning: {record.op} on group {record.group_name} "
         f"(ranks {list(record.group_ranks)}), key {record.key}",
-        f"  decision: {record.decision} ({record.source}); winner: {record.winner} "
+        f"  decision: {record.decision.value} ({record.source.value}); winner: {record.winner} "
         f"({record.reason})",
     ]
     if record.timed_with:

@@ -1,54 +1,46 @@
 """One collective-tuned call site's decision, the group's and identical on every rank.
 
-Before a site's choices are traced, :func:`settled_range` finds the ranges of a
-dynamic op that an earlier site of the graph settled (nothing is traced for them), and
+Before a site's choices are traced, :func:`prepare_site` describes the call
+(:class:`CallSite`: its group, settings, timing mode, choices and their code, inputs,
+neighbours and key); :func:`settled_range` finds the ranges of a dynamic op that an
+earlier site of the graph settled (nothing is traced for them), and
 :func:`decided_before_tracing` reads whether the group decided the site's key already
 (a read of the Store, no waiting), or whether a range of a dynamic op takes the winner
 of its neighbouring sizes: then only the winner is traced. After, :func:`decide_site`
 takes the group's decision for the key from the graph's session
 (kernel/collective_graph.py): a decision made earlier in the job, one every rank stored
-on disk (runtime/collective_decisions.py), or a benchmark of the choices in lockstep on
-every rank of the group (kernel/collective_timing.py), and returns this rank's record
-of it.
+on disk and screened again (runtime/collective_decisions.py), or a benchmark of the
+choices in lockstep on every rank of the group (kernel/collective_timing.py), and
+returns this rank's record of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from typing import Any, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
 from torch._inductor.kernel import collective_dispatch, collective_graph
 from torch._inductor.kernel.collective_choice_modules import Neighbours
-from torch._inductor.kernel.collective_choices import DEFAULT, trace_failure
-from torch._inductor.kernel.collective_detection import (
-    GROUP_ARGUMENTS,
-    names_a_collective,
-    resolve_group,
-)
-from torch._inductor.kernel.collective_graph import GroupSession, SiteDecision, SiteReport
-from torch._inductor.kernel.collective_records import CollectiveAutotuneRecord, site_key
+from torch._inductor.kernel.collective_choices import choice_label, DEFAULT, identities, trace_failure
+from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, names_a_collective, resolve_group
+from torch._inductor.kernel.collective_graph import GroupChoice, GroupSession, SiteDecision, SiteReport
+from torch._inductor.kernel.collective_records import Action, CollectiveAutotuneRecord, site_key, Source
 from torch._inductor.kernel.collective_timing import (
     benchmark,
     BenchmarkInputs,
     build,
     pick,
+    screen_stored,
     timed_with,
     timing_mode,
 )
-from torch._inductor.runtime.collective_benchmarking import (
-    benchmark_device,
-    BenchmarkSettings,
-    ChoiceTiming,
-)
-from torch._inductor.runtime.collective_decisions import (
-    DecisionStore,
-    environment,
-    StoredDecision,
-)
-from torch._inductor.runtime.collective_protocol import waited_seconds
+from torch._inductor.runtime.collective_benchmarking import benchmark_device, BenchmarkSettings, ChoiceTiming
+from torch._inductor.runtime.collective_decisions import DecisionStore, environment, StoredDecision
+from torch._inductor.runtime.collective_protocol import participant
 
 
 if TYPE_CHECKING:
@@ -57,63 +49,59 @@ if TYPE_CHECKING:
     from torch._inductor.ir import ChoiceCaller
 
 
-# -- before tracing -------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
-class _Prepared:
-    """An op about to be tuned, as prepare_choices saw it before it traced only the
-    winner of a decided key: the key, every choice, what the site fuses with, and why
-    a decision was taken before tracing ("" for a decision the group made)."""
+class CallSite:
+    """A collective op's call being lowered: its group, settings, how its choices are
+    timed, their labels (the op's own last) and code identities, its inputs,
+    threshold and neighbours, and the key of its decision."""
 
-    key: str
-    labels: tuple[str, ...]
-    neighbours: Neighbours
-    source: str = ""
-    reason: str = ""
-    # A ladder range's: the winner of the range just below (once decided), and its top size.
-    below: Optional[tuple[str, str]] = None
-
-
-_prepared: dict[str, _Prepared] = {}
-
-
-def forget_prepared(name: str) -> None:
-    """Drop what an earlier compile prepared for op ``name``, before this one prepares it."""
-    _prepared.pop(name, None)
-
-
-@dataclasses.dataclass(frozen=True)
-class TunedCall:
-    """A collective op's call about to be tuned: its group, how its choices would be
-    timed, its choices' labels (the op's own last), inputs and threshold."""
-
+    name: str
+    # The op (None where a site's op was not prepared before tracing).
+    op: Any
     group: ProcessGroup
     settings: BenchmarkSettings
     device: torch.device
     mode: str
     labels: tuple[str, ...]
+    code: dict[str, str]
     inputs: Sequence[Any]
     min_speedup_threshold: float
+    neighbours: Neighbours
+    key: str
+    # Where a decision was taken before tracing (a ladder's interpolation), and why.
+    source: Optional[Source] = None
+    reason: str = ""
+    # A ladder range's: the winner of the range just below (once decided), its top size.
+    below: Optional[tuple[str, str]] = None
+    # The tensor inputs the op declares it writes into (by position).
+    mutable: tuple[int, ...] = ()
+    # When it was prepared (its choices are traced after).
+    prepared_at: float = dataclasses.field(default_factory=time.monotonic)
 
-    def key(self, site: str, neighbours: Neighbours) -> str:
-        """The decision's key at ``site`` (the op's name, or one of its ranges)."""
-        return site_key(site, self.inputs, self.labels, self.mode, self.min_speedup_threshold, neighbours)
+
+# The call sites prepared before tracing in each graph being lowered, by op name: the
+# decision after tracing takes its site from here (lives as long as the graph).
+_prepared: weakref.WeakKeyDictionary[Any, dict[str, CallSite]] = weakref.WeakKeyDictionary()
 
 
-def tuned_call(
-    labels: list[str],
+def prepare_site(
+    name: str,
+    labels: Sequence[str],
+    implementations: Sequence[Any],
     inputs: Sequence[Any],
     op: Any,
     non_tensor_args: Sequence[dict[str, Any]],
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
-) -> Optional[TunedCall]:
+    neighbours: Neighbours,
+) -> Optional[CallSite]:
     """The call of ``op`` being lowered, for ops whose name or arguments say they
     communicate while collective tuning is on; None otherwise."""
     import torch.distributed as dist
     from torch._inductor import config
+    from torch._inductor.virtualized import V
 
+    _prepared.setdefault(V.graph, {}).pop(name, None)  # an earlier call's, whatever this one is
     if not (
         names_a_collective(op)
         and config.collective_autotune
@@ -130,12 +118,20 @@ def tuned_call(
     settings = BenchmarkSettings.from_config()
     device = benchmark_device(inputs[0].get_device())
     mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    return TunedCall(group, settings, device, mode, (*labels, DEFAULT), inputs, min_speedup_threshold)
+    all_labels = (*labels, DEFAULT)
+    code = identities(op, list(zip(labels, implementations)))
+    key = site_key(name, inputs, all_labels, mode, min_speedup_threshold, neighbours, code)
+    site = CallSite(
+        name, op, group, settings, device, mode, all_labels, code, inputs, min_speedup_threshold, neighbours,
+        key, mutable=mutable_inputs(op),
+    )
+    _prepared[V.graph][name] = site
+    return site
 
 
-def settled_range(name: str, call: TunedCall, neighbours: Neighbours) -> Optional[CollectiveAutotuneRecord]:
-    """The record of ladder range ``name`` where an earlier call site of the graph
-    being lowered, fused with ``neighbours`` alike, settled its key; None otherwise.
+def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
+    """The record of a ladder range where an earlier call site of the graph being
+    lowered, fused with the same neighbours, settled its key; None otherwise.
 
     Then the range-based lowering needs only the winner's implementation, and no choice
     is traced: every layer of a model after the first would otherwise trace each of its
@@ -143,239 +139,271 @@ def settled_range(name: str, call: TunedCall, neighbours: Neighbours) -> Optiona
     settled the key on every rank alike, and using it asks nothing of the group, exactly
     as :func:`decide_site` would.
     """
-    session = collective_graph.joined_session(call.group)
-    if session is None or not collective_dispatch.is_range(name):
+    session = collective_graph.joined_session(site.group)
+    if session is None or not collective_dispatch.is_range(site.name) or site.key not in session.settled:
         return None
-    # The key as decided_before_tracing took it at the first site.
-    key = call.key(name, neighbours)
-    if key not in session.settled:
-        return None
-    import torch.distributed as dist
     from torch._dynamo.utils import counters
 
-    started = time.monotonic()
     counters["inductor"]["collective_autotune_sites"] += 1
-    winner = collective_graph.settle_key(
-        session, key, session.settled[key], name, environment(call.group, call.device)
+    started = time.monotonic()
+    choice = collective_graph.settle_key(
+        session, site.key, session.settled[site.key], site.name, environment(site.group, site.device), site.code
     )
-    return CollectiveAutotuneRecord(
-        op=name,
-        group_name=call.group.group_name,
-        group_ranks=tuple(dist.get_process_group_ranks(call.group)),
-        key=key,
-        session=session.session.key,
-        decision="use",
-        source="job",
-        reason=collective_graph.SETTLED_IN_GRAPH,
-        timings=(),
-        winner=winner,
-        mode=call.mode,
-        tuning_s=time.monotonic() - started,
-    )
+    return _record(site, session, SiteDecision(
+        Action.USE, (choice.winner,), collective_graph.SETTLED_IN_GRAPH, Source.JOB, choice.provisional
+    ), (), choice.winner, started)
 
 
-def decided_before_tracing(name: str, call: TunedCall, neighbours: Neighbours) -> Optional[str]:
-    """The group's decision for the key of ``call`` at ``name`` if it is known already
-    (a read of the Store, no waiting)."""
+def decided_before_tracing(site: CallSite) -> Optional[str]:
+    """The group's decision for ``site``'s key if it is known already (decided in this
+    graph, or published in the Store: a read, no waiting), or a ladder range's
+    interpolation between decided neighbours (published for the group)."""
+    session = collective_graph.joined_session(site.group)
+    if session is not None and site.key in session.settled:
+        return session.settled[site.key].winner
+    decisions = collective_graph.group_decisions(site.group, site.settings.timeout)
 
-    def key_of(site: str) -> str:
-        return call.key(site, neighbours)
+    def key_of(range_name: str) -> str:
+        return site_key(
+            range_name, site.inputs, site.labels, site.mode, site.min_speedup_threshold,
+            site.neighbours, site.code,
+        )
 
-    decisions = collective_graph.group_decisions(call.group, call.settings.timeout)
-    key = key_of(name)
+    def winner_of(range_name: str) -> Optional[str]:
+        choice = collective_graph.decided(decisions, key_of(range_name))
+        return None if choice is None or choice.provisional else choice.winner
 
-    def decided(site: str) -> Optional[str]:
-        return decisions.get(key_of(site))
-
+    ladder = collective_dispatch.ladder_of(site.name)
     # Every rank interpolates alike, whoever published first.
-    between = collective_dispatch.interpolated(name, decided)
+    between = collective_dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
     if between is not None:
-        _prepared[name] = _Prepared(key, call.labels, neighbours, "ladder", between[1])
-        return decisions.publish(key, between[0])
-    _prepared[name] = _Prepared(
-        key, call.labels, neighbours, below=collective_dispatch.decided_below(name, decided)
+        _prepared_sites()[site.name] = dataclasses.replace(site, source=Source.LADDER, reason=between[1])
+        published = decisions.publish(site.key, GroupChoice(between[0]).encode())
+        return GroupChoice.decode(published).winner
+    _prepared_sites()[site.name] = dataclasses.replace(
+        site, below=collective_dispatch.decided_below(ladder, site.name, winner_of) if ladder else None
     )
-    return decisions.get(key)
+    choice = collective_graph.decided(decisions, site.key)
+    return None if choice is None else choice.winner
+
+
+def mutable_inputs(op: Any) -> tuple[int, ...]:
+    """The positions, among ``op``'s tensor arguments, of those it declares it writes."""
+    arguments = [a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)]
+    return tuple(i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _prepared_sites() -> dict[str, CallSite]:
+    from torch._inductor.virtualized import V
+
+    return _prepared.setdefault(V.graph, {})
 
 
 # -- after tracing --------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class _Site:
-    """A call site being decided on this rank, and what its decision takes."""
-
-    name: str
-    by_label: dict[str, ChoiceCaller]
-    labels: tuple[str, ...]
-    prepared: Optional[_Prepared]
-    inputs: BenchmarkInputs
-    group: ProcessGroup
-    min_speedup_threshold: float
-    settings: BenchmarkSettings
-    device: torch.device
-    mode: str
-    neighbours: Neighbours
-    key: str
-    # Seconds spent compiling the choices.
-    build_s: float = 0.0
-
-    def report(self, session: GroupSession) -> SiteReport:
-        """What this rank knows of the key before anything is built."""
-        persisted = _persisted(self.key, self.group, self.device)
-        return SiteReport(
-            key=self.key,
-            choices=self.labels,
-            decided=session.decisions.get(self.key) or "",
-            stored=persisted.digest() if persisted else "",
-            stored_winner=persisted.winner if persisted else "",
-            failed={
-                **{label: "not traced on this rank" for label in self.labels if label not in self.by_label},
-                **{label: trace_failure(c) for label, c in self.by_label.items() if trace_failure(c)},
-            },
-        )
-
-    def build_choices(self) -> dict[str, str]:
-        """Compile this rank's choices for the benchmark; why each one that did not
-        build failed."""
-        begin = time.monotonic()
-        failures = {
-            label: why for label, c in self.by_label.items()
-            if not trace_failure(c) and (why := build(self.name, c, self.device, self.neighbours))
-        }
-        self.build_s = time.monotonic() - begin
-        return failures
-
-
-def _site(
-    name: str,
-    by_label: dict[str, ChoiceCaller],
-    choices: list[ChoiceCaller],
-    prepared: Optional[_Prepared],
-    inputs: BenchmarkInputs,
-    group: ProcessGroup,
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
-) -> _Site:
-    """The call site of op ``name``: how its choices are timed and its key (the one
-    prepare_choices took, where it took one)."""
-    labels = prepared.labels if prepared else tuple(by_label)
-    settings = BenchmarkSettings.from_config()
-    device = benchmark_device(inputs.layout.device)
-    mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    neighbours = timed_with(prepared.neighbours if prepared else Neighbours(), choices)
-    key = prepared.key if prepared else site_key(
-        name, inputs.input_nodes, labels, mode, min_speedup_threshold, neighbours
-    )
-    return _Site(
-        name, by_label, labels, prepared, inputs, group, min_speedup_threshold,
-        settings, device, mode, neighbours, key,
-    )
-
-
 def decide_site(
     name: str,
-    by_label: dict[str, ChoiceCaller],
     choices: list[ChoiceCaller],
     inputs: BenchmarkInputs,
     process_group: ProcessGroup,
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
-) -> CollectiveAutotuneRecord:
-    """The group's decision for the call site of op ``name`` being lowered, whose
-    ``choices`` are ``by_label``; raises CollectiveAutotuneError, on every rank of the
-    group, when the group's collectives failed mid-benchmark and cannot be trusted."""
+) -> tuple[CollectiveAutotuneRecord, dict[str, ChoiceCaller]]:
+    """The group's decision for the call site of op ``name`` being lowered, and its
+    ``choices`` by label; raises CollectiveAutotuneError, on every rank of the group,
+    when the group's collectives failed mid-benchmark and cannot be trusted."""
     import torch.distributed as dist
     from torch._dynamo.utils import counters
     from torch._inductor import config
 
-    started, waited_before = time.monotonic(), waited_seconds()
-    prepared = _prepared.pop(name, None)
-    group_ranks = tuple(dist.get_process_group_ranks(process_group))
+    started = time.monotonic()
+    prepared = _prepared_sites().pop(name, None)
+    by_label = {choice_label(c, prepared.op if prepared else None): c for c in choices}
     if not config.collective_autotune:
         return CollectiveAutotuneRecord(
-            name, process_group.group_name, group_ranks, "", "", "use", "agreement",
-            "collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)", (), DEFAULT,
-        )
-    site = _site(
-        name, by_label, choices, prepared, inputs, process_group, min_speedup_threshold,
-        benchmark_with_cudagraphs,
+            name, process_group.group_name, tuple(dist.get_process_group_ranks(process_group)), "", "",
+            Action.USE, Source.AGREEMENT, "collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)",
+            (), DEFAULT,
+        ), by_label
+    site = _site_after_tracing(
+        prepared, name, by_label, choices, inputs, process_group, min_speedup_threshold, benchmark_with_cudagraphs
     )
-    session = collective_graph.session_for(process_group, site.settings.timeout)
     counters["inductor"]["collective_autotune_sites"] += 1
+    member = participant(site.settings.timeout)
+    waited_before, requests_before = member.waited_s, member.client.requests
+    session = collective_graph.session_for(process_group, site.settings)
+    work = _SiteWork(site, by_label, choices, inputs)
     decision, voting = collective_graph.agree_key(
-        session, site.key, lambda: site.report(session), DEFAULT, site.build_choices,
+        session, site.key, lambda: work.report(session), DEFAULT, work.build, work.verify,
         timing_allowed=not config.deterministic,
     )
-    timings, winner, reason = _timed_winner(site, decision, voting)
-    source, winner, reason = _settled(site, decision, voting, timings, winner, reason)
-    waited_s = waited_seconds() - waited_before
-    return CollectiveAutotuneRecord(
-        op=name,
-        group_name=process_group.group_name,
-        group_ranks=group_ranks,
-        key=site.key,
-        session=voting.session.key,
-        decision=decision.kind,
-        source=source,
-        reason=reason,
-        timings=timings,
-        winner=winner,
-        mode=site.mode,
-        timed_with=str(site.neighbours) if timings else "",
+    timings, winner, reason = work.timed_winner(decision, voting)
+    decision = dataclasses.replace(decision, reason=reason)
+    source, winner, reason = _settled(site, decision, voting, timings, winner)
+    record = _record(site, voting, dataclasses.replace(decision, source=source, reason=reason), timings, winner, started)
+    waited_s = member.waited_s - waited_before
+    return dataclasses.replace(
+        record,
         waited_s=waited_s,
-        build_s=site.build_s,
-        tuning_s=time.monotonic() - started - site.build_s - waited_s,
+        build_s=work.build_s,
+        trace_s=started - site.prepared_at if prepared is not None else 0.0,
+        phases=tuple(work.phases.items()),
+        store_requests=member.client.requests - requests_before,
+        tuning_s=record.tuning_s - work.build_s - waited_s,
+    ), by_label
+
+
+def _site_after_tracing(
+    prepared: Optional[CallSite],
+    name: str,
+    by_label: dict[str, ChoiceCaller],
+    choices: list[ChoiceCaller],
+    inputs: BenchmarkInputs,
+    group: ProcessGroup,
+    min_speedup_threshold: float,
+    benchmark_with_cudagraphs: bool,
+) -> CallSite:
+    """The call site of op ``name`` as ``prepared`` before tracing (on the group
+    detection found), or described from its traced choices where nothing was prepared."""
+    if prepared is not None:
+        neighbours = timed_with(prepared.neighbours, choices)
+        return dataclasses.replace(prepared, group=group, neighbours=neighbours)
+    settings = BenchmarkSettings.from_config()
+    device = benchmark_device(inputs.layout.device)
+    mode = timing_mode(settings, device, benchmark_with_cudagraphs)
+    labels = tuple(by_label)
+    code = identities(None, [(lbl, c.decomposition) for lbl, c in by_label.items()
+                             if getattr(c, "decomposition", None) is not None])
+    neighbours = timed_with(Neighbours(), choices)
+    key = site_key(name, inputs.input_nodes, labels, mode, min_speedup_threshold, neighbours, code)
+    return CallSite(
+        name, None, group, settings, device, mode, labels, code, inputs.input_nodes, min_speedup_threshold,
+        neighbours, key,
     )
 
 
-def _timed_winner(
-    site: _Site, decision: SiteDecision, voting: GroupSession
-) -> tuple[tuple[ChoiceTiming, ...], str, str]:
-    """The group's timings of the key's choices (none where it decided without
-    timing them), the winner and why."""
-    if decision.kind != "benchmark":
-        return (), decision.choices[0], decision.reason
-    picked = list(decision.choices)
-    # Lowering runs with the Python dispatcher on; a gloo worker thread would
-    # inherit it and wait for the GIL that this thread holds in wait_tensor
-    # (Inductor's regular benchmarking deadlocks so on gloo collectives).
-    with no_python_dispatcher():
-        timings = tuple(
-            benchmark(site.inputs, site.by_label, picked, site.group, site.settings, site.mode,
-                      voting.session.scoped(site.key),
-                      keep_default=site.min_speedup_threshold > 1.0, neighbours=site.neighbours)
+@dataclasses.dataclass
+class _SiteWork:
+    """What deciding one site takes on this rank: its report, building and screening
+    its choices, timing them."""
+
+    site: CallSite
+    by_label: dict[str, ChoiceCaller]
+    choices: list[ChoiceCaller]
+    inputs: BenchmarkInputs
+    # Seconds spent compiling the choices; the benchmark's steps.
+    build_s: float = 0.0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def report(self, session: GroupSession) -> SiteReport:
+        """What this rank knows of the key before anything is built."""
+        persisted = _persisted(self.site)
+        known = session.decisions.get(self.site.key)
+        return SiteReport(
+            key=self.site.key,
+            choices=self.site.labels,
+            decided=known or "",
+            stored=persisted.digest() if persisted else "",
+            stored_winner=persisted.winner if persisted else "",
+            failed={
+                **{label: "not traced on this rank" for label in self.site.labels if label not in self.by_label},
+                **{label: trace_failure(c) for label, c in self.by_label.items() if trace_failure(c)},
+            },
         )
-    winner, picked_because = pick(
-        picked, timings, site.min_speedup_threshold, site.prepared.below if site.prepared else None
-    )
-    return timings, winner, f"{decision.reason}; {picked_because}"
+
+    def build(self, labels: Sequence[str]) -> dict[str, str]:
+        """Compile ``labels`` of this rank's choices for the benchmark; why each one
+        that did not build failed."""
+        begin = time.monotonic()
+        chosen = {label: self.by_label[label] for label in labels if label in self.by_label}
+        failures = {
+            label: why for label, why in build(self.site.name, chosen, self.site.device, self.site.neighbours).items()
+            if why
+        }
+        self.build_s += time.monotonic() - begin
+        return failures
+
+    def verify(self, winner: str, session: GroupSession) -> str:
+        """Screen the stored ``winner`` against the op's own implementation on every
+        rank: "" where it passed, else why not."""
+        with no_python_dispatcher():
+            return screen_stored(
+                self.inputs, self.by_label, winner, self.site.group, self.site.settings, self.site.mode,
+                session.session.scoped(self.site.key), self.site.neighbours, self.site.mutable,
+            )
+
+    def timed_winner(
+        self, decision: SiteDecision, voting: GroupSession
+    ) -> tuple[tuple[ChoiceTiming, ...], str, str]:
+        """The group's timings of the key's choices (none where it decided without
+        timing them), the winner and why."""
+        if decision.action != Action.BENCHMARK:
+            return (), decision.choices[0], decision.reason
+        picked = list(decision.choices)
+        # Lowering runs with the Python dispatcher on; a gloo worker thread would
+        # inherit it and wait for the GIL that this thread holds in wait_tensor
+        # (Inductor's regular benchmarking deadlocks so on gloo collectives).
+        site = self.site
+        with no_python_dispatcher():
+            timings, self.phases = benchmark(
+                self.inputs, self.by_label, picked, site.group, site.settings, site.mode,
+                voting.session.scoped(site.key), keep_default=site.min_speedup_threshold > 1.0,
+                neighbours=site.neighbours, mutable=site.mutable,
+            )
+        winner, picked_because = pick(picked, timings, site.min_speedup_threshold, site.below)
+        return tuple(timings), winner, f"{decision.reason}; {picked_because}"
 
 
 def _settled(
-    site: _Site,
+    site: CallSite,
     decision: SiteDecision,
     voting: GroupSession,
     timings: tuple[ChoiceTiming, ...],
     winner: str,
-    reason: str,
-) -> tuple[str, str, str]:
+) -> tuple[Source, str, str]:
     """Where the decision the group keeps for the key comes from, its winner and why;
     a benchmarked one is stored on disk too."""
+    env = environment(site.group, site.device)
     stored = collective_graph.settle_key(
-        voting, site.key, winner, site.name, environment(site.group, site.device)
+        voting, site.key, GroupChoice(winner, decision.provisional), site.name, env, site.code
     )
-    source = decision.source
-    if stored != winner:
-        winner, reason = stored, f"the group decided {stored} first"
-    elif site.prepared and site.prepared.source and source == "job":
-        source, reason = site.prepared.source, site.prepared.reason
-    elif decision.source == "benchmark" and _persistence_on():
-        DecisionStore().save(
-            StoredDecision(site.key, environment(site.group, site.device), winner,
-                           {t.name: t.max_us for t in timings})
-        )
+    source, reason = decision.source, decision.reason
+    if stored.winner != winner:
+        return source, stored.winner, f"the group decided {stored.winner} first"
+    if site.source is not None and source == Source.JOB:
+        return site.source, winner, site.reason
+    if source == Source.BENCHMARK and _persistence_on():
+        DecisionStore().save(StoredDecision(site.key, env, winner, {t.name: t.max_us for t in timings}))
     return source, winner, reason
+
+
+def _record(
+    site: CallSite,
+    session: GroupSession,
+    decision: SiteDecision,
+    timings: tuple[ChoiceTiming, ...],
+    winner: str,
+    started: float,
+) -> CollectiveAutotuneRecord:
+    import torch.distributed as dist
+
+    return CollectiveAutotuneRecord(
+        op=site.name,
+        group_name=site.group.group_name,
+        group_ranks=tuple(dist.get_process_group_ranks(site.group)),
+        key=site.key,
+        session=session.session.key,
+        decision=decision.action,
+        source=decision.source,
+        reason=decision.reason,
+        timings=timings,
+        winner=winner,
+        mode=site.mode,
+        timed_with=str(site.neighbours) if timings else "",
+        provisional=decision.provisional,
+        tuning_s=time.monotonic() - started,
+    )
 
 
 def _persistence_on() -> bool:
@@ -384,10 +412,11 @@ def _persistence_on() -> bool:
     return bool(config.collective_autotune_persist)
 
 
-def _persisted(key: str, group: ProcessGroup, device: torch.device) -> Optional[StoredDecision]:
-    """This rank's stored decision for ``key``, unless persistence is off or re-tuning."""
+def _persisted(site: CallSite) -> Optional[StoredDecision]:
+    """This rank's stored decision for the site's key, unless persistence is off or
+    re-tuning."""
     from torch._inductor import config
 
     if not _persistence_on() or config.collective_autotune_retune:
         return None
-    return DecisionStore().load(key, environment(group, device))
+    return DecisionStore().load(site.key, environment(site.group, site.device))

@@ -19,13 +19,15 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel import collective_dispatch
-from torch._inductor.kernel.collective_choice_modules import module_for_benchmark, Neighbours
+from torch._inductor.kernel.collective_choice_modules import eager_module, module_for_benchmark, Neighbours
 from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
     Candidate,
     ChoiceTiming,
     CollectiveBenchmarker,
+    OK,
+    ScreenInputs,
     TIE_FRACTION,
 )
 
@@ -75,18 +77,29 @@ def timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neigh
     return Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
 
 
-def build(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> str:
-    """Compile ``choice`` of op ``name`` for benchmarking, with ``neighbours`` fused
-    in; why it cannot run here, or "" if it can."""
+def build(
+    name: str, choices: dict[str, ChoiceCaller], device: torch.device, neighbours: Neighbours
+) -> dict[str, str]:
+    """Compile ``choices`` (by label) of op ``name`` for benchmarking, with
+    ``neighbours`` fused in; why each one that cannot run here fails ("" if it can)."""
+    return {label: _build_one(name, choice, device, neighbours) for label, choice in choices.items()}
+
+
+def _build_one(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> str:
     if needs_symmetric_memory(choice) and device.type != "cuda":
         return "uses symmetric memory, which needs CUDA"
     try:
         if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
             if choice._compiled_module is None:  # type: ignore[attr-defined]
-                if collective_dispatch.is_range(name):
-                    module = collective_dispatch.benchmark_module(choice, neighbours)
-                else:
-                    module = module_for_benchmark(choice, neighbours)
+                compile_choice = (
+                    collective_dispatch.benchmark_module if collective_dispatch.is_range(name)
+                    else module_for_benchmark
+                )
+                if device.type == "cuda":
+                    module = compile_choice(choice, neighbours)
+                else:  # lowered, and timed as traced (see eager_module)
+                    compile_choice(choice, neighbours, lower_only=True)
+                    module = eager_module(choice, neighbours)
                 choice._compiled_module = module  # type: ignore[attr-defined]
         else:
             choice.to_callable()
@@ -94,6 +107,33 @@ def build(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Nei
         log.debug("build failure of %s", choice.name, exc_info=True)
         return f"does not build ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
     return ""
+
+
+def _prepared_inputs(
+    inputs: BenchmarkInputs,
+    by_label: dict[str, ChoiceCaller],
+    names: Sequence[str],
+    process_group: ProcessGroup,
+    session: CollectiveSession,
+    neighbours: Neighbours,
+    mutable: Sequence[int],
+) -> tuple[list[Candidate], ScreenInputs]:
+    """The candidates ``names`` (labels of ``by_label``) on benchmark inputs made as
+    Inductor makes them (in symmetric memory where a choice needs it)."""
+    choices = [by_label[n] for n in names]
+    args = inputs.selector.get_inputs(choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns)
+    tensors, _ = args.get_benchmark_tensors(False).unpack()
+    tensors = list(tensors)
+    available = not any(needs_symmetric_memory(c) for c in choices) or _move_to_symmetric_memory(
+        tensors, process_group, session
+    )
+    # Vote topics carry these names, so they must be the same on every rank.
+    candidates = [
+        Candidate(n, _unavailable("symmetric memory unavailable on this group"))
+        if needs_symmetric_memory(c) and not available else Candidate(n, _runner(c, tensors, neighbours))
+        for n, c in zip(names, choices)
+    ]
+    return candidates, ScreenInputs(tensors, mutable)
 
 
 def benchmark(
@@ -106,33 +146,36 @@ def benchmark(
     session: CollectiveSession,
     keep_default: bool,
     neighbours: Neighbours,
-) -> list[ChoiceTiming]:
+    mutable: Sequence[int] = (),
+) -> tuple[list[ChoiceTiming], dict[str, float]]:
     """The group's timings of the choices ``names`` (labels of ``by_label``), in
-    lockstep with its other ranks in ``session``."""
-    choices = [by_label[n] for n in names]
-    args = inputs.selector.get_inputs(choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns)
-    tensors, _ = args.get_benchmark_tensors(False).unpack()
-    tensors = list(tensors)
-    # Vote topics carry these names, so they must be the same on every rank.
-    candidates = [Candidate(n, _runner(c, tensors, neighbours)) for n, c in zip(names, choices)]
-    if any(needs_symmetric_memory(c) for c in choices):
-        if not _move_to_symmetric_memory(tensors, process_group, session):
-            candidates = [
-                Candidate(cand.name, _unavailable("symmetric memory unavailable on this group"))
-                if needs_symmetric_memory(c) else cand
-                for c, cand in zip(choices, candidates)
-            ]
-    pristine = [t.clone() for t in tensors]
-
-    def reset_inputs() -> None:
-        for t, p in zip(tensors, pristine):
-            t.copy_(p)
-
+    lockstep with its other ranks in ``session``; and the seconds each step of the
+    benchmark took on this rank."""
+    candidates, screened = _prepared_inputs(inputs, by_label, names, process_group, session, neighbours, mutable)
     reference = names.index(DEFAULT) if DEFAULT in names else 0
     benchmarker = CollectiveBenchmarker(process_group, inputs.layout.device, settings, session, mode)
-    return benchmarker.benchmark(
-        candidates, reset_inputs, reference, keep=(reference,) if keep_default else ()
-    )
+    timings = benchmarker.benchmark(candidates, screened, reference, keep=(reference,) if keep_default else ())
+    return timings, benchmarker.phases
+
+
+def screen_stored(
+    inputs: BenchmarkInputs,
+    by_label: dict[str, ChoiceCaller],
+    winner: str,
+    process_group: ProcessGroup,
+    settings: BenchmarkSettings,
+    mode: str,
+    session: CollectiveSession,
+    neighbours: Neighbours,
+    mutable: Sequence[int] = (),
+) -> str:
+    """Screen a kept ``winner`` against the op's own implementation on every rank, in
+    lockstep: "" where it passed, else why not (the same words on every rank)."""
+    names = [DEFAULT, winner]
+    candidates, screened = _prepared_inputs(inputs, by_label, names, process_group, session, neighbours, mutable)
+    benchmarker = CollectiveBenchmarker(process_group, inputs.layout.device, settings, session, mode)
+    status = benchmarker.screen(candidates, screened, reference=0)[1]
+    return "" if status == OK else f"failed its screen: {status}"
 
 
 def _runner(
@@ -171,7 +214,7 @@ def _move_to_symmetric_memory(
     """Replace ``inputs`` by copies in symmetric memory of ``group`` (all ranks at once)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    outcome = "ok"
+    outcome = OK
     moved = list(inputs)
     try:
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -183,7 +226,7 @@ def _move_to_symmetric_memory(
                 moved[i] = buf.copy_(t)
     except Exception as e:  # noqa: BLE001
         outcome = f"failed: {type(e).__name__}: {e}"[:500]
-    if all(r == "ok" for r in session.vote("symmetric_memory", outcome)):
+    if all(r == OK for r in session.vote("symmetric_memory", outcome)):
         inputs[:] = moved
         return True
     log.warning(

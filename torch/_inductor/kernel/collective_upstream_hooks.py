@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from torch._inductor.runtime.collective_protocol import liveness
+from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
+from torch._inductor.runtime.collective_protocol import participant
 
 
 @functools.lru_cache(None)
@@ -28,8 +29,9 @@ def install() -> None:
 
 def _beat_while_compiling() -> None:
     """Beat (runtime/collective_protocol.Liveness) while Dynamo compiles a frame or a
-    lazy backward: a peer's sessions may wait for this compile, and must, as long as
-    it goes on. Dynamo runs these callbacks for the outermost compile only.
+    lazy backward, in a process that registered a collective op while collective
+    tuning is on: a peer's sessions may wait for this compile, and must, as long as it
+    goes on. Dynamo runs these callbacks for the outermost compile only.
 
     Not a wrapper: Dynamo's own callback registry takes them, so no upstream change
     is needed.
@@ -39,13 +41,22 @@ def _beat_while_compiling() -> None:
     compiling: list[Any] = []
 
     def start(args: Any = None) -> None:
-        # (older Dynamo calls its callbacks without arguments)
-        compiling.append(liveness.working(f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()))
-        compiling[-1].__enter__()
+        import torch.distributed as dist
+        from torch._inductor import config
+
+        beat = None
+        if config.collective_autotune and dist.is_available() and dist.is_initialized():
+            # Validated first: a bad knob fails here, naming itself.
+            member = participant(BenchmarkSettings.from_config().timeout)
+            # (older Dynamo calls its callbacks without arguments)
+            doing = f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()
+            beat = member.liveness.working(doing)
+            beat.__enter__()
+        compiling.append(beat)
 
     def end(args: Any = None) -> None:
-        if compiling:
-            compiling.pop().__exit__(None, None, None)
+        if compiling and (beat := compiling.pop()) is not None:
+            beat.__exit__(None, None, None)
 
     callback_handler.register_start_callback(start)
     callback_handler.register_end_callback(end)

@@ -24,31 +24,40 @@ the leader is alone, or the rest are within a hair of it, or the round budget is
 spent. Per-rank medians are finally reduced with MAX, so every rank holds the same
 numbers and so the same winner.
 
-Device work happens only after the group agreed to benchmark (collective_protocol).
-Every choice's first call is screened against the reference and the outcomes of all
-choices go into one vote: a choice that fails or is rejected everywhere is dropped
-everywhere, and one that raises on some ranks only (its peers may have paired its
-collectives with another choice's) makes every rank stop with a
-CollectiveAutotuneError within the session's deadline.
+Device work happens only after the group agreed to benchmark (collective_protocol), and
+is bounded: every device wait by ``collective_benchmark_timeout``, and every choice's
+calls by a budget of that many seconds, planned from its first call's time on its
+slowest rank (a choice that cannot be timed within it is dropped on every rank).
+
+Every choice's first call is screened: its output against the reference's, and the
+inputs it was given against their copies (a choice that writes into an input the op
+does not declare it mutates is rejected). Where every call returned, one all-reduce
+gives every rank the whole group's verdicts, and every rank reads the same words from
+them. A choice that raised goes to the Store instead (the group's collectives may be
+unusable on that rank): where every rank raised, the group drops it; where only some
+did, their peers are stuck in the choice's collective or in the next barrier, time out
+there, and stop the group (ABORT) naming what was reported. A rank that finds one of
+the benchmark's own collectives failing (a barrier, a reduction) aborts the group: the
+group's collectives cannot be trusted any more. Failures are told apart by where they
+happen, never by their message.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import functools
-import json
 import logging
 import math
-import re
 import statistics
 import time
 from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 import torch
 
-from .collective_protocol import CollectiveAutotuneError, Deadline, liveness
+from .collective_protocol import CollectiveAutotuneError, Deadline, look_interval, StoreLostError
 
 
 if TYPE_CHECKING:
@@ -64,7 +73,11 @@ _COLLECTIVE_NAMESPACES = frozenset(
     {"_c10d_functional", "_c10d_functional_autograd", "c10d", "symm_mem"}
 )
 _NON_COLLECTIVE_OPS = frozenset({"wait_tensor", "wait"})
-# Words that name a collective inside an opaque op whose graph hides its communication.
+# torch's own operator namespaces (as torch._library.utils.is_builtin): their ops are
+# known, so a name such as aten::broadcast_to says nothing of communication.
+_BUILTIN_NAMESPACES = frozenset({"aten", "prim", "prims"})
+# Words that name a collective inside an opaque custom op whose graph hides its
+# communication.
 _COLLECTIVE_WORDS = (
     "all_reduce",
     "allreduce",
@@ -103,14 +116,11 @@ _SCREEN_TOLERANCE = {
     torch.bfloat16: 3e-2,
 }
 BENCHMARK_MODES = ("auto", "eager", "graph")
-# Errors that mean the communication itself broke, not the choice's own code.
-_COMMUNICATION_FAILURE = re.compile(
-    r"timed out|timeout|connection (reset|closed|refused)|closed by peer|"
-    r"broken pipe|nccl error|ncclRemoteError|watchdog",
-    re.IGNORECASE,
-)
-# How often a rank waiting on its device looks for an abort of its session.
-_STORE_CHECK_INTERVAL_S = 0.05
+# The status of a choice that passed its screen (any other status says why not).
+OK = "ok"
+# Longest pause between two looks at a device event: short against any collective
+# worth timing, long enough not to spin a core.
+_MAX_DEVICE_POLL_S = 2e-4
 
 
 def _op_namespace_and_name(op: Any) -> tuple[str, str]:
@@ -126,12 +136,15 @@ def is_collective_op(op: Any) -> bool:
     """Whether ``op`` (an OpOverload or its name) communicates across ranks.
 
     Every op of the functional, legacy c10d and symmetric-memory namespaces counts,
-    waits excepted; any other op counts when its name says it is a collective, so
-    that an opaque custom op hiding its communication is still recognised.
+    waits excepted; no op of torch's own operator namespaces does (``aten``,
+    ``prims``); a custom op counts when its name says it is a collective, so that an
+    opaque op hiding its communication is still recognised.
     """
     namespace, name = _op_namespace_and_name(op)
     if namespace in _COLLECTIVE_NAMESPACES:
         return name not in _NON_COLLECTIVE_OPS
+    if namespace in _BUILTIN_NAMESPACES:
+        return False
     lowered = name.lower()
     return any(word in lowered for word in _COLLECTIVE_WORDS)
 
@@ -143,7 +156,8 @@ def uses_symmetric_memory(op: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings:
-    """The collective benchmarking knobs of torch._inductor.config, validated."""
+    """The collective autotuning knobs of torch._inductor.config, validated: every rank
+    of a group must hold the same (the groups' sessions compare them)."""
 
     nruns: int
     warmup: int
@@ -151,6 +165,9 @@ class BenchmarkSettings:
     sample_us: float
     graph_sample_us: float
     mode: str
+    dynamic: bool
+    dynamic_max: int
+    dynamic_ratio: int
 
     @staticmethod
     def from_config() -> BenchmarkSettings:
@@ -163,30 +180,47 @@ class BenchmarkSettings:
             sample_us=config.collective_benchmark_sample_us,
             graph_sample_us=config.collective_benchmark_graph_sample_us,
             mode=config.collective_benchmark_mode,
+            dynamic=config.collective_autotune_dynamic,
+            dynamic_max=config.collective_autotune_dynamic_max,
+            dynamic_ratio=config.collective_autotune_dynamic_ratio,
         )
         settings.validate()
         return settings
 
+    def knobs(self) -> dict[str, Any]:
+        """Each setting by its name in torch._inductor.config."""
+        names = {
+            "nruns": "collective_benchmark_nruns",
+            "warmup": "collective_benchmark_warmup",
+            "timeout": "collective_benchmark_timeout",
+            "sample_us": "collective_benchmark_sample_us",
+            "graph_sample_us": "collective_benchmark_graph_sample_us",
+            "mode": "collective_benchmark_mode",
+            "dynamic": "collective_autotune_dynamic",
+            "dynamic_max": "collective_autotune_dynamic_max",
+            "dynamic_ratio": "collective_autotune_dynamic_ratio",
+        }
+        return {names[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def validate(self) -> None:
         problems = []
-        if not (isinstance(self.nruns, int) and self.nruns >= 1):
-            problems.append(f"collective_benchmark_nruns={self.nruns!r}: an int >= 1")
-        if not (isinstance(self.warmup, int) and self.warmup >= 1):
-            problems.append(f"collective_benchmark_warmup={self.warmup!r}: an int >= 1")
-        if not (_is_number(self.timeout) and self.timeout > 0):
-            problems.append(
-                f"collective_benchmark_timeout={self.timeout!r}: seconds, > 0"
-            )
-        for knob, value in (
-            ("collective_benchmark_sample_us", self.sample_us),
-            ("collective_benchmark_graph_sample_us", self.graph_sample_us),
+        for knob, value, least in (
+            ("collective_benchmark_nruns", self.nruns, 1),
+            ("collective_benchmark_warmup", self.warmup, 1),
+            ("collective_autotune_dynamic_max", self.dynamic_max, 1),
+            ("collective_autotune_dynamic_ratio", self.dynamic_ratio, 2),
+        ):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+                problems.append(f"{knob}={value!r}: an int >= {least}")
+        for knob, value, unit in (
+            ("collective_benchmark_timeout", self.timeout, "seconds"),
+            ("collective_benchmark_sample_us", self.sample_us, "microseconds"),
+            ("collective_benchmark_graph_sample_us", self.graph_sample_us, "microseconds"),
         ):
             if not (_is_number(value) and value > 0):
-                problems.append(f"{knob}={value!r}: microseconds, > 0")
+                problems.append(f"{knob}={value!r}: {unit}, > 0")
         if self.mode not in BENCHMARK_MODES:
-            problems.append(
-                f"collective_benchmark_mode={self.mode!r}: one of {BENCHMARK_MODES}"
-            )
+            problems.append(f"collective_benchmark_mode={self.mode!r}: one of {BENCHMARK_MODES}")
         if problems:
             raise ValueError(
                 "invalid collective autotuning configuration (torch._inductor.config "
@@ -225,12 +259,26 @@ class ChoiceTiming:
     max_us: float
     min_us: float
     calls_per_sample: int
-    # "ok", or why the choice was dropped on every rank.
+    # OK, or why the choice was dropped on every rank.
     status: str
     # Timed samples (fewer than the budget once a choice was clearly slower).
     samples: int = 0
     # How far apart the ranks reached this choice's rendezvous call (median, us).
     skew_us: float = 0.0
+
+
+class Verdict(enum.IntEnum):
+    """A screened call's outcome on one rank, as one all-reduce carries it."""
+
+    OK = 0
+    # The output differs from the reference's (the value: the largest error).
+    WRONG_OUTPUT = 1
+    # The output's shape or dtype differs, or it is no tensor.
+    WRONG_KIND = 2
+    # It wrote into an input the op does not declare it mutates (the value: which).
+    WROTE_INPUT = 3
+    # It raised on every rank (the group agreed so in the Store).
+    RAISED = 4
 
 
 @dataclasses.dataclass
@@ -246,9 +294,9 @@ class _Batch:
 class CollectiveBenchmarker:
     """Times choices of one collective op on every rank of ``process_group``.
 
-    All ranks of the group must call :meth:`benchmark` with the same candidates in
-    the same order, after their session decided to benchmark. ``device`` is the
-    device of the op's own tensors: it is made current while benchmarking, whatever
+    All ranks of the group must call :meth:`benchmark` (or :meth:`screen`) with the
+    same candidates in the same order, after their session decided to. ``device`` is
+    the device of the op's own tensors: it is made current while benchmarking, whatever
     device the program left current.
     """
 
@@ -258,7 +306,7 @@ class CollectiveBenchmarker:
         device: torch.device,
         settings: BenchmarkSettings,
         session: CollectiveSession,
-        mode: Optional[str] = None,
+        mode: str | None = None,
     ) -> None:
         self.process_group = process_group
         self.settings = settings
@@ -269,13 +317,17 @@ class CollectiveBenchmarker:
             _MIN_EAGER_GPU_ROUNDS if self.mode == "eager" and self.device.type == "cuda" else _MIN_ROUNDS
         )
         self._flag = torch.zeros(1, device=self._comm_device())
+        # What went wrong in the group so far, for the message of a later failure.
+        self._incidents: list[str] = []
+        # Seconds the last benchmark spent in each of its steps.
+        self.phases: dict[str, float] = {}
 
     # -- public -----------------------------------------------------------------
 
     def benchmark(
         self,
         candidates: Sequence[Candidate],
-        reset_inputs: Callable[[], None],
+        inputs: ScreenInputs,
         reference: int = 0,
         keep: Sequence[int] = (),
     ) -> list[ChoiceTiming]:
@@ -283,105 +335,169 @@ class CollectiveBenchmarker:
 
         ``candidates[reference]`` (the op's default implementation) runs first and is
         the reference of the correctness screen: every other candidate must
-        reproduce its output on the same inputs, restored by ``reset_inputs`` before
-        each screened call, or it is dropped on every rank. Candidates in ``keep``
-        are timed to the end even when clearly slower (a threshold compares them).
+        reproduce its output on the same ``inputs`` (restored before each screened
+        call) and leave them as they were, or it is dropped on every rank. Candidates in
+        ``keep`` are timed to the end even when clearly slower (a threshold compares
+        them).
         """
-        doing = f"benchmarking {', '.join(c.name for c in candidates)}"
+        with self._running(f"benchmarking {', '.join(c.name for c in candidates)}"):
+            marks = [time.perf_counter()]
+            status, first_call_us = self._screen(candidates, inputs, reference)
+            marks.append(time.perf_counter())
+            batches = self._prepare_batches(candidates, status, first_call_us)
+            marks.append(time.perf_counter())
+            samples, skews = self._sample(candidates, batches, set(keep), first_call_us)
+            marks.append(time.perf_counter())
+            timings = self._reduce(candidates, status, batches, samples, skews)
+            marks.append(time.perf_counter())
+            self.phases = dict(zip(("screen", "batches", "rounds", "reduce"), (b - a for a, b in zip(marks, marks[1:]))))
+            log.info(
+                "timed %d choices (%s) in %.1f ms: screen (every choice's first call) %.1f, "
+                "batches %.1f, %d rounds %.1f, reduce %.1f",
+                len(candidates), self.mode, 1e3 * (marks[-1] - marks[0]), *(1e3 * t for t in list(self.phases.values())[:2]),
+                max(len(s) for s in samples), *(1e3 * t for t in list(self.phases.values())[2:]),
+            )
+            return timings
+
+    def screen(self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference: int = 0) -> list[str]:
+        """Only the screen of :meth:`benchmark`: each candidate's status, identical on
+        every rank (OK, or why it is dropped)."""
+        with self._running(f"screening {', '.join(c.name for c in candidates)}"):
+            return self._screen(candidates, inputs, reference)[0]
+
+    @contextlib.contextmanager
+    def _running(self, doing: str) -> Any:
+        """The context of any device work: on the op's device, the group's collectives
+        bounded by the timeout, silent (every rank of the group does this work at once,
+        and each bounds its own: a rank stuck in it must not keep its peers waiting);
+        an error of this rank releases its peers."""
         try:
-            with liveness.working(doing), self._on_device(), _bounded_group_timeout(
+            liveness = self.session.participant.liveness
+            with liveness.working(doing, beat=False), self._on_device(), _bounded_group_timeout(
                 self.process_group, self.settings.timeout
             ):
-                phases = [time.perf_counter()]
-                status, first_call_us = self._screen(candidates, reset_inputs, reference)
-                phases.append(time.perf_counter())
-                batches = self._prepare_batches(candidates, status, first_call_us)
-                phases.append(time.perf_counter())
-                samples, skews = self._sample(candidates, batches, set(keep))
-                phases.append(time.perf_counter())
-                timings = self._reduce(candidates, status, batches, samples, skews)
-                phases.append(time.perf_counter())
-                ms = [1e3 * (b - a) for a, b in zip(phases, phases[1:])]
-                log.info(
-                    "timed %d choices (%s) in %.1f ms: screen %.1f, batches %.1f, "
-                    "%d rounds %.1f, reduce %.1f",
-                    len(candidates), self.mode, sum(ms), ms[0], ms[1],
-                    max(len(s) for s in samples), ms[2], ms[3],
-                )
-                return timings
-        except CollectiveAutotuneError as e:
-            # Peers may wait on this rank in a vote or a device sync: release them.
-            self.session.abort(str(e))
-            raise
+                yield
+        except StoreLostError:
+            raise  # nobody can be told
+        except Exception as e:
+            # A choice that raised while timed, or the group's collectives failed: its
+            # peers may wait on this rank in a collective or a vote; release them.
+            error = e if isinstance(e, CollectiveAutotuneError) else CollectiveAutotuneError(
+                f"{doing}: a choice failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                + "".join(f"; {incident}" for incident in self._incidents)
+            )
+            self.session.abort(str(error))
+            raise error from e
 
-    # -- steps ------------------------------------------------------------------
+    # -- the screen ---------------------------------------------------------------
 
     def _screen(
-        self,
-        candidates: Sequence[Candidate],
-        reset_inputs: Callable[[], None],
-        reference_index: int,
+        self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference_index: int
     ) -> tuple[list[str], list[float]]:
-        """Each candidate's status on every rank, and this rank's time of its first call.
+        """Each candidate's status on every rank, and its first call's time on its
+        slowest rank (us).
 
         Every candidate runs once on restored inputs, the reference first; the others
-        must reproduce the reference's output. One vote carries the outcomes; a rank
-        whose candidate raised votes at once (its later collectives would be paired
-        with its peers' calls of that candidate), so where every rank raised the group
-        drops it and screens the rest, and where only some did, every rank stops.
+        must reproduce the reference's output and leave the inputs alone. One
+        all-reduce carries every rank's verdicts; a candidate that raised was voted
+        on in the Store first (see the module's docstring).
         """
-        status: dict[int, str] = {}
-        first_call_us = [math.inf] * len(candidates)
-        reference: Optional[torch.Tensor] = None
-        remaining = [reference_index] + [i for i in range(len(candidates)) if i != reference_index]
-        while remaining:
-            topic = f"screen/{len(status)}"
-            outcomes: dict[str, str] = {}
-            for i in remaining:
-                candidate = candidates[i]
-                try:
-                    self._barrier(topic)
-                    reset_inputs()
-                    out, first_call_us[i] = self._time_once(
-                        candidate.run, topic, f"screening choice {candidate.name}"
-                    )
-                    outcome = "ok" if reference is None else _screen(out, reference)
-                    if reference is None:
-                        reference = out
-                except CollectiveAutotuneError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - any local failure drops the choice
-                    outcome = self._failure(f"screen/{candidate.name}", e, topic)
-                    log.debug("choice %s failed on this rank", candidate.name, exc_info=True)
-                outcomes[candidate.name] = outcome
-                if outcome.startswith("failed"):
-                    break
-            reports = [json.loads(r) for r in self.session.vote(topic, json.dumps(outcomes))]
-            for i in remaining[: len(outcomes)]:
-                name = candidates[i].name
-                mine = [r.get(name, "not run: an earlier choice raised") for r in reports]
-                if any(o.startswith("failed") for o in mine) and not all(
-                    o.startswith("failed") for o in mine
-                ):
-                    # Its peers were inside its collectives when it raised here: they may
-                    # have been paired with another choice's, and cannot be trusted.
-                    raise CollectiveAutotuneError(
-                        f"choice {name} raised on some ranks of the group only: {_describe(mine)}"
-                    )
-                status[i] = "ok" if all(o == "ok" for o in mine) else _rejection(mine)
-            remaining = remaining[len(outcomes):]
-        ordered = [status[i] for i in range(len(candidates))]
-        return ordered, [t if s == "ok" else math.inf for t, s in zip(first_call_us, ordered)]
+        n, world = len(candidates), self.process_group.size()
+        rank = self.process_group.rank()
+        # This rank's row of the group's table: verdict, value, first call (us).
+        mine = [[float(Verdict.OK), 0.0, math.inf] for _ in range(n)]
+        raised: dict[int, str] = {}
+        reference: torch.Tensor | None = None
+        for i in [reference_index] + [j for j in range(n) if j != reference_index]:
+            candidate = candidates[i]
+            self._barrier(f"screening {candidate.name}")
+            inputs.reset()
+            try:
+                out, mine[i][2] = self._time_once(candidate.run, f"screening choice {candidate.name}")
+            except CollectiveAutotuneError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the choice's own failure: the group decides
+                log.debug("choice %s raised on this rank", candidate.name, exc_info=True)
+                raised[i] = self._raised_everywhere(candidate.name, e)
+                mine[i] = [float(Verdict.RAISED), 0.0, math.inf]
+                continue
+            if reference is None:
+                reference = out
+            mine[i][:2] = _verdict(out, reference, inputs.written())
+        table = self._gather(mine, rank, world)
+        rows = [table[i * world:(i + 1) * world] for i in range(n)]
+        status = [_status(rows[i], raised.get(i, "")) for i in range(n)]
+        first_call_us = [max(row[2] for row in rows[i]) for i in range(n)]
+        for i, why in self._over_budget(first_call_us, reference_index).items():
+            status[i] = why
+        return status, [t if s == OK else math.inf for t, s in zip(first_call_us, status)]
+
+    def _raised_everywhere(self, name: str, error: Exception) -> str:
+        """Vote in the Store that choice ``name`` raised here; why it raised, once every
+        rank of the group says it raised too. Where some ranks did not raise, they stop
+        the group (their collectives time out) and this wait ends with that abort."""
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        self._incidents.append(f"choice {name} raised on group rank {self.process_group.rank()} ({reason})")
+        reports = self.session.vote(f"screen/raised/{name}", reason)
+        # (What the peers saw goes into the message of a later failure.)
+        self._incidents[-1] = f"choice {name} raised: " + "; ".join(
+            f"group rank {r}: {why}" for r, why in enumerate(reports)
+        )
+        return "raised on every rank: " + "; ".join(f"group rank {r}: {why}" for r, why in enumerate(reports))
+
+    def _gather(self, mine: list[list[float]], rank: int, world: int) -> list[list[float]]:
+        """Every rank's rows of the screen's table, by candidate then rank, one
+        all-reduce: row ``i * world + r`` is group rank ``r``'s verdict on candidate
+        ``i``."""
+        import torch.distributed as dist
+
+        n = len(mine)
+        table = torch.zeros(n, world, 3, dtype=torch.float64)
+        table[:, rank] = torch.tensor(mine, dtype=torch.float64)
+        flat = table.flatten().to(self._comm_device())
+        self._collective("sharing the screen's verdicts", dist.all_reduce, flat, group=self.process_group)
+        return flat.view(n * world, 3).tolist()
+
+    def _over_budget(self, first_call_us: list[float], reference: int) -> dict[int, str]:
+        """The candidates that cannot be timed within their budget, and why.
+
+        A choice's calls get ``collective_benchmark_timeout`` seconds in all; the fewest
+        calls that can time it (its capture or warm-up and the first rounds) must fit,
+        at the time its first call took on its slowest rank. The reference stays (it
+        is the fallback), untimed."""
+        budget_us = self.settings.timeout * 1e6
+        over = {}
+        for i, t in enumerate(first_call_us):
+            fewest = self._fewest_calls(t)
+            if math.isfinite(t) and t * fewest > budget_us:
+                over[i] = (
+                    f"over budget: its first call took {t / 1e6:.3g} s on its slowest rank, and "
+                    f"timing it takes at least {fewest} calls, over collective_benchmark_timeout="
+                    f"{self.settings.timeout:g} s"
+                )
+        if reference in over:
+            over[reference] += " (the op's own implementation: kept as the fallback, untimed)"
+        return over
+
+    def _fewest_calls(self, per_call_us: float) -> int:
+        """The fewest calls that time a choice of ``per_call_us``: what sizes its
+        samples, then the first rounds (a rendezvous call and a sample each)."""
+        if self.mode == "graph":
+            calls = _calls(self.settings.graph_sample_us, per_call_us, _MIN_GRAPH_CALLS)
+            return calls + self._min_rounds * 2 * calls
+        calls = _calls(self.settings.sample_us, per_call_us, 1)
+        return 2 * self.settings.warmup + self._min_rounds * (1 + calls)
+
+    # -- calibrating and sampling -------------------------------------------------
 
     def _prepare_batches(
         self, candidates: Sequence[Candidate], status: list[str], first_call_us: list[float]
-    ) -> list[Optional[_Batch]]:
-        live = [i for i, s in enumerate(status) if s == "ok"]
-        batches: list[Optional[_Batch]] = [None] * len(candidates)
+    ) -> list[_Batch | None]:
+        live = [i for i, s in enumerate(status) if s == OK]
+        batches: list[_Batch | None] = [None] * len(candidates)
         if self.mode == "graph":
-            # One all-reduce, so that every rank captures as many calls.
-            slowest = self._all_reduce_max(first_call_us)
-            calls = [_calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS) for t in slowest]
+            # The screen's times are the slowest rank's: every rank captures as many calls.
+            calls = [_calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS) for t in first_call_us]
             for i, graph in self._capture(candidates, live, calls).items():
                 if graph is not None:
                     batches[i] = _Batch(calls[i], graph.replay, graph.replay, graph=True)
@@ -397,7 +513,7 @@ class CollectiveBenchmarker:
         estimates = [math.inf] * len(candidates)
         for i in eager:
             run = candidates[i].run
-            estimates[i] = self._time_eager(run, self.settings.warmup, "warmup", run)[0]
+            estimates[i] = self._time_eager(run, self.settings.warmup, "warming up", run)[0]
         # One all-reduce of the estimates, so that every rank issues as many calls.
         slowest = self._all_reduce_max(estimates)
         for i in eager:
@@ -408,37 +524,40 @@ class CollectiveBenchmarker:
     def _sample(
         self,
         candidates: Sequence[Candidate],
-        batches: list[Optional[_Batch]],
+        batches: list[_Batch | None],
         keep: set[int],
+        first_call_us: list[float],
     ) -> tuple[list[list[float]], list[list[float]]]:
         samples: list[list[float]] = [[] for _ in candidates]
         skews: list[list[float]] = [[] for _ in candidates]
         live = [i for i, b in enumerate(batches) if b is not None]
-        outcome = "ok"
-        rounds = 0
-        try:
-            while live and rounds < self.settings.nruns:
-                times, skew = self._round(batches, live)
-                for i in live:
-                    samples[i].append(times[i])
-                    skews[i].append(skew[i])
-                rounds += 1
-                if rounds >= self._min_rounds and len(live) > 1:
-                    live, settled = self._prune(candidates, samples, live, keep)
-                    if settled:
-                        break
-        except CollectiveAutotuneError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            outcome = self._failure("timing", e, "timing")
-        reports = self.session.vote("timing", outcome)
-        if any(r != "ok" for r in reports):
-            # Peers may have been inside a collective of the failed call: the group's
-            # collectives cannot be trusted any more, so nobody goes on.
-            raise CollectiveAutotuneError(
-                f"a choice failed while being timed: {_describe(reports)}"
-            )
+        rounds = self._rounds(batches, first_call_us)
+        for _ in range(rounds):
+            if not live:
+                break
+            times, skew = self._round(batches, live)
+            for i in live:
+                samples[i].append(times[i])
+                skews[i].append(skew[i])
+            if len(samples[live[0]]) >= self._min_rounds and len(live) > 1:
+                live, settled = self._prune(candidates, samples, live, keep)
+                if settled:
+                    break
         return samples, skews
+
+    def _rounds(self, batches: list[_Batch | None], first_call_us: list[float]) -> int:
+        """How many rounds fit the budget: every choice's calls within
+        ``collective_benchmark_timeout`` seconds (at least the first rounds, which the
+        screen made sure fit), at most ``collective_benchmark_nruns``. The same on every
+        rank: it reads the slowest ranks' times."""
+        budget_us = self.settings.timeout * 1e6
+        rounds = self.settings.nruns
+        for batch, t in zip(batches, first_call_us):
+            if batch is None or not math.isfinite(t) or t <= 0:
+                continue
+            per_round = t * batch.calls * 2
+            rounds = min(rounds, max(self._min_rounds, int(budget_us // per_round)))
+        return rounds
 
     def _prune(
         self,
@@ -455,30 +574,13 @@ class CollectiveBenchmarker:
         stats = [_quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)]
         reduced = self._all_reduce_max([q for s in stats for q in s])
         low, mid, high = (reduced[k::3] for k in range(3))
-        leader = min(live, key=lambda i: mid[i])
-        dropped = [
-            i for i in live
-            if i != leader and i not in keep and low[i] > high[leader] * (1 + _DROP_MARGIN)
-        ]
-        if dropped:
-            log.debug(
-                "dropping %s: clearly slower than %s on their slowest rank",
-                [candidates[i].name for i in dropped],
-                candidates[leader].name,
-            )
-        live = [i for i in live if i not in dropped]
-        rest = [i for i in live if i != leader and i not in keep]
-        # A tie needs more samples than a clear gap: medians of three move by more.
-        tied = len(samples[leader]) >= 2 * self._min_rounds and all(
-            mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
-        )
-        return live, not rest or tied
+        return prune(live, low, mid, high, keep, len(samples[live[0]]), self._min_rounds, candidates)
 
     def _reduce(
         self,
         candidates: Sequence[Candidate],
         status: list[str],
-        batches: list[Optional[_Batch]],
+        batches: list[_Batch | None],
         samples: list[list[float]],
         skews: list[list[float]],
     ) -> list[ChoiceTiming]:
@@ -504,7 +606,7 @@ class CollectiveBenchmarker:
     # -- rounds -----------------------------------------------------------------
 
     def _round(
-        self, batches: list[Optional[_Batch]], live: list[int]
+        self, batches: list[_Batch | None], live: list[int]
     ) -> tuple[dict[int, float], dict[int, float]]:
         """One sample of every live choice: per-call us and rendezvous spread."""
         graphs = {i: b for i in live if (b := batches[i]) is not None and b.graph}
@@ -536,32 +638,32 @@ class CollectiveBenchmarker:
             start.record()
             batch.timed()
             end.record()
-        self._device_sync("timing", events[next(reversed(events))][2])
+        self._device_sync("timing a round of CUDA-graph replays", events[next(reversed(events))][2])
         return (
             {i: e[1].elapsed_time(e[2]) * 1e3 / graphs[i].calls for i, e in events.items()},
             {i: e[0].elapsed_time(e[1]) * 1e3 for i, e in events.items()},
         )
 
-    def _time_once(self, fn: Callable[[], Any], topic: str, doing: str) -> tuple[Any, float]:
+    def _time_once(self, fn: Callable[[], Any], doing: str) -> tuple[Any, float]:
         """One call's output (a copy: later calls may write the same buffer) and its
-        time in microseconds: GPU time on GPUs, wall time on the CPU. ``topic`` is the
-        vote that follows, whose reports a stuck device names."""
+        time in microseconds: GPU time on GPUs, wall time on the CPU."""
+        begin = time.perf_counter()
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = fn()
             end.record()
         else:
-            begin = time.perf_counter()
             out = fn()
         out = out.detach().clone() if isinstance(out, torch.Tensor) else out
+        self._after_long_call(begin)
         if self.device.type == "cuda":
-            self._device_sync(topic, end, doing)
+            self._device_sync(doing, end)
             return out, start.elapsed_time(end) * 1e3
         return out, (time.perf_counter() - begin) * 1e6
 
     def _time_eager(
-        self, fn: Callable[[], Any], count: int, topic: str, rendezvous: Callable[[], Any]
+        self, fn: Callable[[], Any], count: int, doing: str, rendezvous: Callable[[], Any]
     ) -> tuple[float, float]:
         """Microseconds per call of ``count`` back-to-back calls of ``fn``, and how long
         the untimed ``rendezvous`` call waited for the group.
@@ -569,7 +671,7 @@ class CollectiveBenchmarker:
         A gloo collective blocks the host, so on the CPU the barrier aligns ranks to
         well within a millisecond collective, and no rendezvous is needed.
         """
-        self._barrier(topic)
+        self._barrier(doing)
         if self.device.type == "cuda":
             before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             before.record()
@@ -578,16 +680,17 @@ class CollectiveBenchmarker:
             for _ in range(count):
                 fn()
             end.record()
-            self._device_sync(topic, end)
+            self._device_sync(doing, end)
             return start.elapsed_time(end) * 1e3 / count, before.elapsed_time(start) * 1e3
         begin = time.perf_counter()
         for _ in range(count):
             fn()
+        self._after_long_call(begin)
         return (time.perf_counter() - begin) * 1e6 / count, 0.0
 
     def _capture(
         self, candidates: Sequence[Candidate], indices: list[int], calls: list[int]
-    ) -> dict[int, Optional[torch.cuda.CUDAGraph]]:
+    ) -> dict[int, torch.cuda.CUDAGraph | None]:
         """A CUDA graph of ``calls[i]`` calls of each choice in ``indices``; None where
         some rank could not capture it."""
         captured: dict[int, torch.cuda.CUDAGraph] = {}
@@ -597,8 +700,8 @@ class CollectiveBenchmarker:
                 captured[i] = _capture_graph(candidates[i].run, calls[i])
             except Exception as e:  # noqa: BLE001 - capture records, it runs nothing
                 log.warning(
-                    "choice %s could not be captured in a CUDA graph on this rank (%s)",
-                    candidates[i].name, self._failure("capture", e, "capture"),
+                    "choice %s could not be captured in a CUDA graph on this rank (%s: %s)",
+                    candidates[i].name, type(e).__name__, e,
                 )
                 failed[i] = 1.0
         # Capturing issues no collective, so a failure leaves no peer waiting: one flag
@@ -608,37 +711,38 @@ class CollectiveBenchmarker:
 
     # -- primitives -------------------------------------------------------------
 
-    def _failure(self, step: str, error: Exception, topic: str) -> str:
-        """This rank's outcome for a ``step`` that raised ``error``, to vote on ``topic``.
-
-        A failure of the communication itself (a timed-out or broken collective)
-        leaves peers inside a collective that will never complete: nothing can be
-        trusted any more, so it raises instead of dropping the choice, with what the
-        group reported on ``topic`` so far.
-        """
-        text = f"{type(error).__name__}: {error}".replace("\n", " ")[:500]
-        if _COMMUNICATION_FAILURE.search(text):
+    def _collective(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One of the benchmark's own collectives. Its failure (a peer gone, stuck, or
+        paired with another collective) leaves the group's collectives untrustworthy:
+        this rank stops, telling its peers what the group reported."""
+        try:
+            return fn(*args, **kwargs)
+        except CollectiveAutotuneError:
+            raise
+        except Exception as e:  # noqa: BLE001 - it failed in our collective: the group's
             raise CollectiveAutotuneError(
-                f"{step}: the group's collectives failed on this rank ({text}); "
-                f"reports from the group so far: {self.session.peer_reports(topic)}"
-            ) from error
-        return f"failed: {text}"
+                f"{doing}: the group's collectives failed on this rank "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                + "".join(f"; {incident}" for incident in self._incidents)
+            ) from e
 
-    def _barrier(self, topic: str) -> None:
+    def _barrier(self, doing: str) -> None:
         """All ranks of the group have arrived and the device is idle."""
         import torch.distributed as dist
 
-        dist.all_reduce(self._flag, group=self.process_group)
-        self._device_sync(topic)
+        self._collective(doing, dist.all_reduce, self._flag, group=self.process_group)
+        self._device_sync(doing)
 
-    def _device_sync(
-        self, topic: str, event: Optional[torch.cuda.Event] = None, doing: Optional[str] = None
-    ) -> None:
+    def _after_long_call(self, began: float) -> None:
+        """After a call that took longer than a look interval: stop at once if the group
+        aborted meanwhile (a peer gave up waiting for this rank)."""
+        if time.perf_counter() - began > look_interval(self.settings.timeout):
+            self.session.check_abort()
+
+    def _device_sync(self, doing: str, event: torch.cuda.Event | None = None) -> None:
         """Wait for the device, at most ``timeout``, and stop if some rank aborted.
 
-        A timeout names ``doing`` (what the device was running) and what the group
-        reported on ``topic``, the vote that follows. On the CPU the collectives
-        themselves block, bounded by the group timeout.
+        On the CPU the collectives themselves block, bounded by the group timeout.
         """
         if self.device.type != "cuda":
             return
@@ -646,24 +750,29 @@ class CollectiveBenchmarker:
             event = torch.cuda.Event()
             event.record()
         deadline = Deadline(self.settings.timeout)
-        next_store_check = time.monotonic() + _STORE_CHECK_INTERVAL_S
+        look = look_interval(self.settings.timeout)
+        next_look = time.monotonic() + look
+        pause = 1e-5
         while not event.query():
-            now = time.monotonic()
             if deadline.expired():
                 raise CollectiveAutotuneError(
-                    f"{doing or topic}: device work did not finish within "
-                    f"{self.settings.timeout:g} s (collective_benchmark_timeout); "
-                    f"reports from the group on {topic}: {self.session.peer_reports(topic)}"
+                    f"{doing}: device work did not finish within {self.settings.timeout:g} s "
+                    f"(collective_benchmark_timeout)"
+                    + "".join(f"; {incident}" for incident in self._incidents)
                 )
-            if now >= next_store_check:
+            if time.monotonic() >= next_look:
                 self.session.check_abort()
-                next_store_check = now + _STORE_CHECK_INTERVAL_S
+                next_look = time.monotonic() + look
+            time.sleep(pause)
+            pause = min(2 * pause, _MAX_DEVICE_POLL_S)
 
     def _all_reduce_max(self, values: list[float]) -> list[float]:
         import torch.distributed as dist
 
         tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.process_group)
+        self._collective(
+            "reducing timings", dist.all_reduce, tensor, op=dist.ReduceOp.MAX, group=self.process_group
+        )
         return tensor.tolist()
 
     def _comm_device(self) -> torch.device:
@@ -673,6 +782,61 @@ class CollectiveBenchmarker:
         if self.device.type == "cuda":
             return torch.cuda.device(self.device)
         return contextlib.nullcontext()
+
+
+class ScreenInputs:
+    """A benchmark's input tensors: restored before each screened call, and checked
+    after it for writes into those the op does not declare it mutates."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], mutable: Sequence[int] = ()) -> None:
+        self.tensors = list(tensors)
+        self._pristine = [t.clone() for t in self.tensors]
+        self._mutable = set(mutable)
+
+    def reset(self) -> None:
+        for t, p in zip(self.tensors, self._pristine):
+            t.copy_(p)
+
+    def written(self) -> int | None:
+        """The first input the last call wrote into against the op's declaration, or None."""
+        return next(
+            (
+                i for i, (t, p) in enumerate(zip(self.tensors, self._pristine))
+                if i not in self._mutable and not torch.equal(t, p)
+            ),
+            None,
+        )
+
+
+def prune(
+    live: list[int],
+    low: list[float],
+    mid: list[float],
+    high: list[float],
+    keep: set[int],
+    rounds: int,
+    min_rounds: int,
+    candidates: Sequence[Candidate],
+) -> tuple[list[int], bool]:
+    """The choices still worth sampling after ``rounds`` rounds, from every choice's
+    quartiles on its slowest rank, and whether sampling can stop: a choice whose lower
+    quartile is clearly above the leader's upper quartile is dropped (unless in
+    ``keep``); sampling stops once the leader is alone or the rest tie with it."""
+    leader = min(live, key=lambda i: mid[i])
+    dropped = [
+        i for i in live
+        if i != leader and i not in keep and low[i] > high[leader] * (1 + _DROP_MARGIN)
+    ]
+    if dropped:
+        log.debug(
+            "dropping %s: clearly slower than %s on their slowest rank",
+            [candidates[i].name for i in dropped], candidates[leader].name,
+        )
+    live = [i for i in live if i not in dropped]
+    rest = [i for i in live if i != leader and i not in keep]
+    # A tie needs more samples than a clear gap: medians of three move by more.
+    tied = rounds >= 2 * min_rounds and all(mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest)
+    return live, not rest or tied
 
 
 def benchmark_device(device: torch.device) -> torch.device:
@@ -728,36 +892,52 @@ def _sleep_cycles(us: float) -> int:
     return int(us * _cycles_per_us(torch.cuda.current_device()))
 
 
-def _screen(out: Any, reference: torch.Tensor) -> str:
-    if not isinstance(out, torch.Tensor):
-        return f"rejected: returned {type(out).__name__}, not a tensor"
-    if out.shape != reference.shape or out.dtype != reference.dtype:
-        return (
-            f"rejected: output {tuple(out.shape)} {out.dtype} differs from the "
-            f"reference's {tuple(reference.shape)} {reference.dtype}"
-        )
+def _verdict(out: Any, reference: torch.Tensor, written: int | None) -> tuple[float, float]:
+    """This rank's verdict on one screened call, and its value (see Verdict)."""
+    if written is not None:
+        return float(Verdict.WROTE_INPUT), float(written)
+    if not isinstance(out, torch.Tensor) or out.shape != reference.shape or out.dtype != reference.dtype:
+        return float(Verdict.WRONG_KIND), 0.0
     tol = _SCREEN_TOLERANCE.get(out.dtype, 0.0)
     scale = max(1.0, reference.abs().max().item()) if reference.numel() else 1.0
     if not torch.allclose(out, reference, rtol=tol, atol=tol * scale):
-        err = (out.double() - reference.double()).abs().max().item()
-        return f"rejected: output differs from the reference (max abs error {err:.3g})"
-    return "ok"
+        return float(Verdict.WRONG_OUTPUT), (out.double() - reference.double()).abs().max().item()
+    return float(Verdict.OK), 0.0
 
 
-def _describe(reports: list[str]) -> str:
-    """The group ranks' reports that are not "ok", one clause each."""
-    return "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o != "ok")
+def _describe(verdict: Verdict, value: float) -> str:
+    """One rank's verdict in words."""
+    if verdict == Verdict.WRONG_OUTPUT:
+        return f"rejected: output differs from the reference (max abs error {value:.3g})"
+    if verdict == Verdict.WRONG_KIND:
+        return "rejected: output is no tensor of the reference's shape and dtype"
+    if verdict == Verdict.WROTE_INPUT:
+        return f"rejected: writes into input {int(value)}, which the op does not declare it mutates"
+    return OK
+
+
+def _status(rows: list[list[float]], raised: str) -> str:
+    """A candidate's status from every rank's row of the screen's table (group rank
+    order): OK, or why it is dropped, the same words on every rank."""
+    verdicts = [Verdict(int(row[0])) for row in rows]
+    if all(v == Verdict.OK for v in verdicts):
+        return OK
+    if all(v == Verdict.RAISED for v in verdicts):
+        return raised
+    words = [_describe(v, row[1]) for v, row in zip(verdicts, rows)]
+    return _rejection(words)
 
 
 def _rejection(reports: list[str]) -> str:
     """Why the group drops a screened choice: each rank that rejected it, how far off
     it was there, and the ranks that accepted it."""
-    accepted = [r for r, o in enumerate(reports) if o == "ok"]
+    described = "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o != OK)
+    accepted = [r for r, o in enumerate(reports) if o == OK]
     if not accepted:
-        return f"rejected by every rank: {_describe(reports)}"
+        return f"rejected by every rank: {described}"
     return (
-        f"rejected by group ranks {[r for r, o in enumerate(reports) if o != 'ok']} "
-        f"({_describe(reports)}), accepted by group ranks {accepted}: a result that differs "
+        f"rejected by group ranks {[r for r, o in enumerate(reports) if o != OK]} "
+        f"({described}), accepted by group ranks {accepted}: a result that differs "
         "between ranks suggests it reads data before a collective completed"
     )
 
@@ -775,7 +955,7 @@ class _bounded_group_timeout:
     def __init__(self, group: ProcessGroup, seconds: float) -> None:
         self.group = group
         self.timeout = timedelta(seconds=seconds)
-        self.saved: Optional[timedelta] = None
+        self.saved: timedelta | None = None
 
     def __enter__(self) -> None:
         self.saved = _group_timeout(self.group)
@@ -796,7 +976,7 @@ def _set_group_timeout(timeout: timedelta, group: ProcessGroup) -> None:
     setter(timeout, group)
 
 
-def _group_timeout(group: ProcessGroup) -> Optional[timedelta]:
+def _group_timeout(group: ProcessGroup) -> timedelta | None:
     for device in group._device_types:
         options = getattr(group._get_backend(device), "options", None)
         timeout = getattr(options, "_timeout", None)

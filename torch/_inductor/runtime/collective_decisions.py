@@ -11,8 +11,11 @@ only when every rank of the group read the identical entry, which the group chec
 one vote (see collective_graph), and otherwise the group tunes afresh.
 
 A file that cannot be read, does not parse, or belongs to another key or environment
-is a miss, never an error. Files are written atomically (a temporary file renamed into
-place), so a reader never sees half an entry. To forget every decision, delete the
+is a miss, never an error. Files are written atomically (codecache.write_atomic), so a
+reader never sees half an entry. A key covers the code identity of every choice
+(kernel/collective_choices.code_identity), so a changed implementation is a miss; and a
+stored winner is screened against the op's own implementation again before a restart
+uses it (kernel/collective_graph), so an edited file cannot make a wrong choice run. To forget every decision, delete the
 ``collective_autotuning`` folder of the cache dir; ``collective_autotune_persist=False``
 neither reads nor writes them, and ``collective_autotune_retune=True`` ignores what is
 there and overwrites it with fresh measurements.
@@ -26,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Bumped whenever the meaning of a stored decision changes.
-_FORMAT = 1
+_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +57,7 @@ class StoredDecision:
 
     def digest(self) -> str:
         """What ranks compare: the same digest means the same decision."""
-        return _digest(self.key, self.environment, self.winner)
+        return digest(self.key, self.environment, self.winner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,12 @@ class InlinedDecision:
     winner: str
     op: str
     environment: dict[str, Any]
+    # The code identity of each implementation the key covers, by qualified name
+    # (kernel/collective_choices): a graph inlining code since changed is a miss.
+    code: dict[str, str]
+    # Taken without the group's agreement on merit (a rank was absent): never loaded
+    # by another job attempt.
+    provisional: bool
 
 
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
@@ -96,7 +104,7 @@ def current_environment(group: ProcessGroup, made_in: dict[str, Any]) -> Optiona
 def group_scope(group: ProcessGroup) -> str:
     """A digest of what every decision of ``group`` depends on, whatever its devices:
     the decisions a group keeps in the Store for the job are kept under it."""
-    return _digest(_group_environment(group))
+    return digest(_group_environment(group))
 
 
 def _group_environment(group: ProcessGroup) -> dict[str, Any]:
@@ -166,22 +174,21 @@ class DecisionStore:
 
     def save(self, decision: StoredDecision) -> None:
         """Write ``decision`` atomically; a failure to write is logged, not raised."""
+        from torch._inductor.codecache import write_atomic
+
         path = self._path(decision.key, decision.environment)
         payload = {"format": _FORMAT, **dataclasses.asdict(decision)}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(payload, f, sort_keys=True)
-            os.replace(tmp, path)
+            write_atomic(str(path), json.dumps(payload, sort_keys=True), make_dirs=True)
         except OSError as e:
             log.warning("could not store the collective autotuning decision %s: %s", path, e)
 
     def _path(self, key: str, env: dict[str, Any]) -> Path:
-        return self.root / f"{_digest(key, env)}.json"
+        return self.root / f"{digest(key, env)}.json"
 
 
-def _digest(*parts: Any) -> str:
+def digest(*parts: Any) -> str:
+    """A short name for ``parts`` (JSON-able data), the same on every rank."""
     return hashlib.blake2b(
         json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=12
     ).hexdigest()

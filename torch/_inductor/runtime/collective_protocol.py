@@ -13,58 +13,60 @@ per job, because it leaves every key it covered decided in the group (below), so
 later graph with the same plan needs no session. No rank counts anything, so a rank
 that compiled something its peers did not can never shift the sessions that follow.
 
-States of one session, as seen by one rank::
+The messages, and what each costs a rank in Store requests (`StoreClient` counts them):
 
-    JOIN       set  join/<rank> = what this rank brings; add arrived += 1
-    DECIDE     the rank whose arrival completes the group proposes a decision computed
-               from all joins; a rank whose arrival deadline passes proposes a fallback.
-               compare_set on `decision` keeps the first proposal only, and every rank,
-               including one arriving after the deadline, adopts the stored value.
-    VOTE       after each step that may fail, every rank posts its outcome under
-               vote/<topic>/<rank> and reads everybody's; so a failure anywhere is a
-               failure everywhere.
+    JOIN       append (rank, what it brings) to the session's joins; add arrived += 1
+    DECIDE     the rank whose add completes the group reads the joins and proposes a
+               decision; a rank whose deadline passes proposes a fallback; the first
+               proposal stored (compare_set) is the session's, adopted by every rank:
+               4 requests, late ranks included (their wait returns at once)
+    VOTE       append (rank, outcome) to the topic's votes; add count += 1; the rank
+               completing the count sets `done`, the others wait for it; every rank
+               reads the votes once: 4 requests, whatever the group's size
+    PUBLISH    compare_set the group's decision for a key: the first value stored is
+               the group's, for the rest of the job: 1 request
     ABORT      a rank that finds the group's collectives untrustworthy (a device
-               collective timed out, a peer vanished) posts `abort` before raising;
-               every rank waiting in this session raises too, naming that reason.
+               collective timed out, a choice raised inside one) stores its reason and
+               adds ABORTED to the group's progress counter: every wait of the group
+               raises at its next look, naming that reason
 
-A session's joins and decision stay in the Store for the job (a rank arriving later
-must read them); the votes of a topic are deleted by the last rank that reads them.
+Waits are server-side (`Store.wait`), in slices of one *look interval* (an eighth of
+the timeout, between 50 ms and 5 s); between slices a rank looks at its group's
+progress counter, one request, which also carries aborts. So a waiting rank costs at
+most two requests per look interval, and a group of any size costs each of its ranks
+the same few requests per message.
 
-What a session decides about each key (op, shapes, choices, timing mode) becomes the
-group's decision for that key, kept under ``decided/<scope>/<key>`` for the rest of
-the job, where ``scope`` digests the group's environment (size, backend, torch
-version): a group of another environment never reads it. The first value stored
-wins (compare_set) and every rank adopts the stored one, so later graphs and
-recompiles reuse it without benchmarking, identically everywhere.
+Deadlines bound *silence*, not work. While a process works on something its peers may
+wait for (Dynamo compiling a graph, building a key's choices, benchmarking), a daemon
+thread adds one to the progress counter of each of its groups every look interval
+(Liveness); what it is doing is written once per step, to be read only for an error
+message. A rank waiting in the Store is silent, so two ranks waiting for each other (in
+different sessions) cannot keep each other waiting. Each wait ends ``timeout`` seconds
+(``collective_benchmark_timeout``) after the last progress of its group (Silence), so a
+dead or stuck rank ends every wait on it within ``timeout`` plus one look:
 
-Deadlines bound *silence*, not work. A rank that works on something its peers may
-wait for beats (Liveness): while Dynamo compiles a graph (which covers tracing and
-lowering the choices), while it compiles a key's choices, while it benchmarks. Its
-heartbeat ``alive/<global rank>`` says what it is doing. A rank waiting in the Store
-is silent. Each wait below ends ``timeout`` seconds (``collective_benchmark_timeout``)
-after the last progress it saw, a new heartbeat of a rank of its group (Silence),
-and checks it at least every ``_BEAT_S``; so a dead rank, or one silent for the
-timeout, ends every wait on it within ``timeout + _BEAT_S`` (plus a poll), and the
-message names it and what it was last heard doing:
-
-    * JOIN/DECIDE: progress = a heartbeat of the group. Past the deadline the waiter
-      proposes a fallback; a rank arriving later reads the decision and follows it
-      at once, without a wait of its own.
-    * VOTE: progress = a heartbeat of the group. Past the deadline the session fails
-      with a CollectiveAutotuneError on every rank that can still vote; an ABORT
-      posted meanwhile ends the wait at once.
-    * Waiting for a key that a session decided but has not published: progress = a
-      heartbeat of the group; past the deadline the op's own implementation is
-      proposed (compare_set) and the stored value adopted.
-    * Device work of the benchmark (collective_benchmarking) is bounded by
-      ``timeout`` from its start, whatever the heartbeats say (a rank blocked in a
-      device collective beats on), and ends in ABORT when it passes.
+    * JOIN/DECIDE: past the deadline the waiter proposes a fallback; a rank arriving
+      later reads the decision and follows it at once, without a wait of its own.
+    * VOTE: past the deadline the session fails with a CollectiveAutotuneError on
+      every rank that can still vote, naming the ranks that did not vote and what they
+      were last heard doing; an ABORT meanwhile ends the wait at the next look.
+    * Waiting for a key that a session decided but has not published: past the
+      deadline the op's own implementation is proposed (compare_set) and the stored
+      value adopted.
+    * Device work of the benchmark (collective_benchmarking) is bounded by its own
+      budget and by ``timeout`` from its start, whatever the heartbeats say.
 
 A live rank that keeps compiling is waited for as long as it does: the timeout turns
 a dead or stuck peer into a clear error, it does not cap a peer's compile time.
 
-Keys live under ``collective_autotune/<group name>/`` of the default store, the
-heartbeats under ``collective_autotune/alive/``.
+Every key lives under ``collective_autotune/<attempt>/``, where the attempt names the
+elastic run and its restart count (torchrun hands every attempt the same Store: what
+one attempt agreed, a fallback say, must not bind the next), then under the group's
+name: a group's traffic could move to a Store of its own without other changes. The
+protocol's Store client is a connection of its own, opened at the first session with
+``collective_benchmark_timeout`` as its deadline, so that a lost Store ends a wait within
+the timeout (the job's client waits the job's timeout, 30 minutes by default), and is
+reported as such.
 """
 
 from __future__ import annotations
@@ -72,11 +74,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import enum
 import json
 import logging
+import os
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence, TYPE_CHECKING
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Sequence, TYPE_CHECKING
 
 
 if TYPE_CHECKING:
@@ -85,36 +90,47 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NAMESPACE = "collective_autotune"
-# Polling interval bounds while waiting on store keys: short enough that a ready
-# group proceeds within a fraction of a millisecond, long enough not to load the store.
-_POLL_MIN_S = 0.0001
-_POLL_MAX_S = 0.02
+NAMESPACE = "collective_autotune"
+# What an abort adds to its group's progress counter: far above any count of beats, so
+# that one read tells both whether the group progressed and whether it aborted.
+ABORTED = 1 << 40
 
 
 class CollectiveAutotuneError(RuntimeError):
     """The group can no longer agree or its collectives can no longer be trusted."""
 
 
+class StoreLostError(CollectiveAutotuneError):
+    """The c10d Store stopped answering: no rank can agree with its peers any more."""
+
+
+class DecisionKind(str, enum.Enum):
+    """What a session decides for its graph."""
+
+    # Every rank compiles the graph and agrees its keys in the session's votes.
+    COMPILE = "compile"
+    # Every rank loaded the identical compiled graph from its cache: use it.
+    LOAD = "load"
+    # The group did not assemble in time: every rank uses the op's own implementation.
+    FALLBACK = "fallback"
+    # The ranks were configured differently: every rank stops with the reason.
+    MISMATCH = "mismatch"
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """A session's decision, identical on every rank.
+    """A session's decision, identical on every rank."""
 
-    ``kind`` says what the group does (the caller defines the kinds); ``detail`` is
-    JSON-serialisable data that goes with it.
-    """
-
-    kind: str
+    kind: DecisionKind
     reason: str
-    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def encode(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps({"kind": self.kind.value, "reason": self.reason})
 
     @staticmethod
     def decode(raw: bytes) -> Decision:
         d = json.loads(raw)
-        return Decision(d["kind"], d["reason"], d["detail"])
+        return Decision(DecisionKind(d["kind"]), d["reason"])
 
 
 class Deadline:
@@ -131,215 +147,436 @@ class Deadline:
         return time.monotonic() >= self._end
 
 
-# -- liveness ---------------------------------------------------------------------------
+def look_interval(timeout: float) -> float:
+    """How often a waiting rank looks at its group's progress, and a working one beats:
+    a small part of the timeout (a live peer is seen progressing many times within
+    it), never so often that a wait costs the Store more than a few requests a second."""
+    return min(max(timeout / 8, 0.05), 5.0)
 
-# How often a working rank beats, and how often a waiter looks at its peers' beats:
-# small against any sensible timeout, rare enough not to load the store.
-_BEAT_S = 0.25
+
+def attempt_namespace() -> str:
+    """The Store namespace of this job attempt: torchrun's run id and restart count, so
+    that a restarted attempt, which torchrun hands the same Store, starts afresh."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run is None:
+        return f"{NAMESPACE}/job"
+    return f"{NAMESPACE}/{run}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-class Liveness:
-    """This process's heartbeat in the Store, so that its peers wait for it as long as
-    it works and no longer.
+# -- the Store client --------------------------------------------------------------------
 
-    While the process does something its peers may wait for (compiling a graph, the
-    choices of a key, benchmarking), a daemon thread bumps
-    ``collective_autotune/alive/<global rank>`` every ``_BEAT_S`` with what it is
-    doing. While it waits for its peers itself it is silent: a wait is no progress,
-    so two ranks that wait for each other (in different sessions) cannot keep each
-    other waiting forever. A dead process stops beating at once.
 
-    The thread has a Store client of its own (``Store.clone``): a blocking call of the
-    main thread on the shared client would otherwise hold up the beats.
+class StoreClient:
+    """This process's client of the job's Store for collective autotuning.
+
+    Counts its requests (``requests``: a multi-key read counts once), and turns any
+    failure of the Store itself into a StoreLostError naming its address and what the
+    rank was doing. Safe to share between threads: c10d serialises a client's requests.
     """
 
-    def __init__(self) -> None:
-        self._doing: list[str] = []
-        self._waiting = 0
-        self._thread: Optional[threading.Thread] = None
+    def __init__(self, store: Store, address: str, timeout: float) -> None:
+        self.store = store
+        self.address = address
+        self.timeout = timeout
+        self.requests = 0
+        self._phase = threading.local()
 
     @contextlib.contextmanager
-    def working(self, doing: str) -> Iterator[None]:
-        """Beat, saying ``doing``, while the block runs (nested: the innermost says)."""
-        self._start()
-        self._doing.append(doing)
+    def during(self, phase: str) -> Iterator[None]:
+        """Name what this thread does with the Store, for the error if it is lost."""
+        previous = getattr(self._phase, "value", None)
+        self._phase.value = phase
         try:
             yield
         finally:
-            self._doing.pop()
+            self._phase.value = previous
+
+    def set(self, key: str, value: str) -> None:
+        self._request(self.store.set, key, value)
+
+    def get(self, key: str) -> bytes:
+        return self._request(self.store.get, key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self._request(self.store.add, key, amount)
+
+    def append(self, key: str, value: str) -> None:
+        self._request(self.store.append, key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._request(self.store.check, keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self._request(self.store.compare_set, key, expected, desired)
+
+    def get_if_set(self, key: str) -> bytes | None:
+        """``key``'s value, or None where it is not set (two requests when it is)."""
+        return self.get(key) if self.check([key]) else None
+
+    def wait(self, keys: list[str], seconds: float) -> bool:
+        """True once every key of ``keys`` is set; False if ``seconds`` pass first.
+        The Store answers when they are set: no polling."""
+        import torch.distributed as dist
+
+        try:
+            self._request(self.store.wait, keys, timedelta(seconds=seconds))
+            return True
+        except StoreLostError as e:
+            # A wait that ran out raises DistStoreError; a lost Store, DistNetworkError.
+            if isinstance(e.__cause__, dist.DistStoreError) and not isinstance(
+                e.__cause__, dist.DistNetworkError
+            ):
+                return False
+            raise
+
+    def _request(self, fn: Callable[..., Any], *args: Any) -> Any:
+        import torch.distributed as dist
+
+        self.requests += 1
+        try:
+            return fn(*args)
+        except dist.DistError as e:
+            phase = getattr(self._phase, "value", None) or "collective autotuning"
+            raise StoreLostError(
+                f"the c10d Store ({self.address}) stopped answering during {phase}: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            ) from e
+
+
+def connect(timeout: float) -> StoreClient:
+    """A client of this job's default Store with ``timeout`` as its deadline.
+
+    Over TCP a connection of its own (a lost Store then ends every request within the
+    timeout, not the job's Store timeout), its keys outside the job's prefixes; any
+    other Store is shared.
+    """
+    import torch.distributed as dist
+
+    default = dist.distributed_c10d._get_default_store()
+    root = default
+    while isinstance(root, dist.PrefixStore):
+        root = root.underlying_store
+    if not isinstance(root, dist.TCPStore):
+        return StoreClient(default, type(root).__name__, timeout)
+    address = f"{root.host}:{root.port}"
+    try:
+        own = dist.TCPStore(
+            root.host, root.port, is_master=False, timeout=timedelta(seconds=timeout),
+            use_libuv=root.libuvBackend,
+        )
+    except dist.DistError as e:
+        raise StoreLostError(
+            f"the c10d Store ({address}) stopped answering during connecting: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    return StoreClient(own, address, timeout)
+
+
+# -- liveness ----------------------------------------------------------------------------
+
+
+class Liveness:
+    """This process's heartbeat, so that its peers wait for it as long as it works.
+
+    While the process does something its peers may wait for, a daemon thread adds one
+    to the progress counter of each group it belongs to (``groups()``) every look
+    interval; the thread ends when the work does. What the process does is written to
+    ``doing/<global rank>`` when it starts each step (read only for error messages).
+    While it waits for its peers it is silent: a wait is no progress.
+    """
+
+    def __init__(
+        self, client: StoreClient, namespace: str, global_rank: int, groups: Callable[[], Sequence[str]]
+    ) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._rank = global_rank
+        self._groups = groups
+        self._doing: list[str] = []
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def working(self, doing: str, beat: bool = True) -> Iterator[None]:
+        """Beat, saying ``doing``, while the block runs (nested: the innermost says).
+
+        Without ``beat`` the block only says what it does: work whose peers do it in
+        lockstep (a benchmark) bounds itself, and must not keep a wait on it alive.
+        """
+        if not self._doing or self._doing[-1] != doing:
+            with self._client.during("reporting progress"):
+                self._client.set(doing_key(self._namespace, self._rank), doing)
+        with self._lock:
+            self._doing.append(doing if beat else "")
+            if beat and self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._beat, name="collective-autotune-heartbeat", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._doing.pop()
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """No beats while the block waits for peers."""
-        self._waiting += 1
+        with self._lock:
+            self._waiting += 1
         try:
             yield
         finally:
-            self._waiting -= 1
+            with self._lock:
+                self._waiting -= 1
 
-    def _start(self) -> None:
-        if self._thread is not None:
-            return
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        default = dist.distributed_c10d._get_default_store()
-        # (a Store without clone is shared: its clients serialise their operations)
-        store = default.clone() if hasattr(default, "clone") else default
-        key = _alive_key(dist.get_rank())
-        self._thread = threading.Thread(
-            target=self._beat, args=(store, key), name="collective-autotune-heartbeat", daemon=True
-        )
-        self._thread.start()
-
-    def _beat(self, store: Store, key: str) -> None:
-        beats = 0
+    def _beat(self) -> None:
+        keys = [progress_key(self._namespace, g) for g in self._groups()]
         while True:
-            # Read once: the main thread changes these between the two reads.
-            doing, waiting = self._doing[-1:], self._waiting
-            if doing and not waiting:
-                beats += 1
-                try:
-                    store.set(key, json.dumps({"beat": beats, "doing": doing[0]}))
-                except Exception:  # noqa: BLE001 - the store is gone with its group
-                    self._thread = None  # a later process group gets a new thread
+            with self._lock:
+                if not self._doing:
+                    self._thread = None
                     return
-            time.sleep(_BEAT_S)
+                # Waiting, or inside work that must not beat (the innermost says).
+                silent = self._waiting > 0 or not self._doing[-1]
+            if not silent:
+                try:
+                    with self._client.during("a heartbeat"):
+                        for key in keys:
+                            self._client.add(key, 1)
+                except StoreLostError:
+                    # The main thread meets the lost Store at its next request.
+                    log.debug("heartbeat stopped: the Store is gone", exc_info=True)
+                    with self._lock:
+                        self._thread = None
+                    return
+            time.sleep(look_interval(self._client.timeout))
 
 
-liveness = Liveness()
+def progress_key(namespace: str, group_name: str) -> str:
+    return f"{namespace}/{group_name}/progress"
 
 
-def _alive_key(global_rank: int) -> str:
-    return f"{_NAMESPACE}/alive/{global_rank}"
+def abort_key(namespace: str, group_name: str) -> str:
+    return f"{namespace}/{group_name}/abort"
+
+
+def doing_key(namespace: str, global_rank: int) -> str:
+    return f"{namespace}/doing/{global_rank}"
+
+
+@dataclasses.dataclass
+class Participant:
+    """One process as the protocol sees it: its Store client, its heartbeat, its global
+    rank, and what it has done so far (sessions joined, seconds waited)."""
+
+    client: StoreClient
+    liveness: Liveness
+    global_rank: int
+    namespace: str
+    # The job's default store this participant was made for.
+    store: Any = None
+    # Sessions this process joined: a second graph of the same plan reads their
+    # decision instead of joining again.
+    joined: set[str] = dataclasses.field(default_factory=set)
+    # Decisions of each group read or published so far: a decision never changes.
+    known: dict[str, str] = dataclasses.field(default_factory=dict)
+    waited_s: float = 0.0
+
+
+_participant: Participant | None = None
+
+
+def participant(timeout: float) -> Participant:
+    """This process's Participant, connected to the job's Store at first use (and again
+    for a new default process group), its client's deadline ``timeout``."""
+    import torch.distributed as dist
+
+    global _participant
+    store = dist.distributed_c10d._get_default_store()
+    namespace = attempt_namespace()
+    current = _participant
+    if current is None or current.store is not store or current.namespace != namespace:
+        client = connect(timeout)
+        rank = dist.get_rank()
+        current = _participant = Participant(
+            client, Liveness(client, namespace, rank, _member_groups), rank, namespace, store
+        )
+    elif current.client.timeout != timeout:
+        current.client.timeout = timeout
+        if current.client.store is not store:  # our own connection
+            current.client.store.set_timeout(timedelta(seconds=timeout))
+    return current
+
+
+def _member_groups() -> list[str]:
+    """The names of this rank's process groups of more than one rank."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    return sorted(
+        pg.group_name
+        for pg, ranks in dist.distributed_c10d._world.pg_group_ranks.items()
+        if rank in ranks and len(ranks) > 1
+    )
+
+
+# -- waiting -------------------------------------------------------------------------
 
 
 class Silence(Deadline):
-    """A deadline ``seconds`` after the last progress of the ranks waited for.
+    """A deadline ``seconds`` after the last progress of the group waited for.
 
-    Progress is a new heartbeat of any of ``members`` (the group's global ranks, in
-    group rank order; the waiter itself is silent while it waits); so a peer that
-    works (compiles, benchmarks) keeps the wait alive, and one that is dead, or
-    silent for ``seconds``, ends it.
+    Progress is a change of the group's progress counter, which its working ranks beat
+    (the waiter itself is silent while it waits); so a peer that works keeps the wait
+    alive, and a dead or silent group ends it. Each look is one request, which also
+    tells whether the group aborted.
     """
 
-    def __init__(self, seconds: float, store: Store, members: Sequence[int]) -> None:
+    def __init__(
+        self, participant: Participant, group_name: str, members: Sequence[int], seconds: float
+    ) -> None:
         super().__init__(seconds)
-        self._store = store
+        self._participant = participant
+        self._group = group_name
         # The global rank of each group rank.
         self._members = list(members)
-        # The first look, a beat later: most waits end before it and cost no reads.
-        self._next_look = time.monotonic() + _BEAT_S
-        # The beats seen at the first look, then the latest: a beat that differs (a
-        # first one included) is progress.
-        self._last: Optional[dict[int, dict[str, Any]]] = None
-        self._seen_at: dict[int, float] = {}
+        self._last: int | None = None
+        self._last_progress = time.monotonic()
 
-    def remaining(self) -> float:
-        self._look()
-        return super().remaining()
-
-    def expired(self) -> bool:
-        self._look()
-        return super().expired()
-
-    def _look(self) -> None:
+    def look(self) -> None:
+        """Read the group's progress; raise CollectiveAutotuneError if it aborted."""
+        client = self._participant.client
+        value = client.add(progress_key(self._participant.namespace, self._group), 0)
+        if value >= ABORTED:
+            raise self.aborted()
         now = time.monotonic()
-        if now < self._next_look:
-            return
-        self._next_look = now + _BEAT_S
-        beats = _heartbeats(self._store, self._members)
-        if self._last is None:
-            self._last, self._seen_at = beats, dict.fromkeys(beats, now)
-            return
-        for rank, beat in beats.items():
-            if beat != self._last.get(rank):
-                self._end = max(self._end, now + self.seconds)
-                self._last[rank], self._seen_at[rank] = beat, now
+        if self._last is not None and value != self._last:
+            self._end = max(self._end, now + self.seconds)
+            self._last_progress = now
+        self._last = value
+
+    def aborted(self) -> CollectiveAutotuneError:
+        reason = self._participant.client.get(abort_key(self._participant.namespace, self._group))
+        return CollectiveAutotuneError(
+            f"collective autotuning stopped on every rank of the group: {reason.decode()}"
+        )
 
     def last_heard(self, group_ranks: Sequence[int]) -> str:
-        """Where each of ``group_ranks`` was when last heard of, for an error message."""
-        now = time.monotonic()
+        """What each of ``group_ranks`` was last heard doing, for an error message."""
+        client = self._participant.client
         parts = []
         for r in group_ranks:
-            beat = (self._last or {}).get(self._members[r])
-            if beat is None:
+            doing = client.get_if_set(doing_key(self._participant.namespace, self._members[r]))
+            if doing is None:
                 parts.append(f"group rank {r} never reported progress")
             else:
-                parts.append(
-                    f"group rank {r} was last heard {now - self._seen_at[self._members[r]]:.1f} s "
-                    f"ago (or earlier), {beat['doing']}"
-                )
+                parts.append(f"group rank {r} was last heard {doing.decode()}")
+        parts.append(f"the group's last progress was {time.monotonic() - self._last_progress:.1f} s ago")
         return "; ".join(parts)
 
 
-def _heartbeats(store: Store, ranks: Sequence[int]) -> dict[int, dict[str, Any]]:
-    keys = {r: _alive_key(r) for r in ranks}
-    present = [r for r, k in keys.items() if store.check([k])]
-    raw = store.multi_get([keys[r] for r in present]) if present else []
-    return {r: json.loads(v) for r, v in zip(present, raw)}
+def wait_until(participant: Participant, keys: list[str], silence: Silence) -> bool:
+    """True once every key of ``keys`` is set; False once the group was silent past
+    ``silence``. Raises CollectiveAutotuneError where the group aborted meanwhile. This
+    rank is silent meanwhile: waiting is no progress."""
+    began = time.monotonic()
+    client = participant.client
+    try:
+        with participant.liveness.waiting():
+            while True:
+                slice_s = min(look_interval(silence.seconds), max(silence.remaining(), 0.001))
+                if client.wait(keys, slice_s):
+                    return True
+                silence.look()
+                if silence.expired():
+                    return False
+    finally:
+        participant.waited_s += time.monotonic() - began
 
 
-def _group_store(store: Store, group_name: str, suffix: str) -> Store:
-    import torch.distributed as dist
-
-    return dist.PrefixStore(f"{_NAMESPACE}/{group_name}/{suffix}/", store)
+# -- the group's decisions -------------------------------------------------------------
 
 
 class GroupDecisions:
-    """The group's decision for each key, kept in the Store for the job.
+    """The group's decision for each key, kept in the Store for the attempt.
 
     Kept under the group's ``scope`` (a digest of its environment: size, backend,
     versions), so that no group of another environment ever reads them.
     """
 
     def __init__(
-        self, store: Store, group_name: str, members: Sequence[int], scope: str, timeout: float
+        self,
+        participant: Participant,
+        group_name: str,
+        members: Sequence[int],
+        scope: str,
+        timeout: float,
     ) -> None:
-        self._store = _group_store(store, group_name, f"decided/{scope}")
-        self._root = store
+        self._participant = participant
+        self._group = group_name
+        self._prefix = f"{participant.namespace}/{group_name}/decided/{scope}/"
         self._members = list(members)
         self._timeout = timeout
 
-    def get(self, key: str) -> Optional[str]:
-        return self._store.get(key).decode() if self._store.check([key]) else None
+    def get(self, key: str) -> str | None:
+        """The group's decision for ``key`` if published (no waiting)."""
+        full = self._prefix + key
+        known = self._participant.known.get(full)
+        if known is None:
+            with self._participant.client.during(f"reading the decision for {key}"):
+                raw = self._participant.client.get_if_set(full)
+            if raw is not None:
+                known = self._participant.known[full] = raw.decode()
+        return known
 
     def publish(self, key: str, value: str) -> str:
         """Propose ``value`` for ``key``; the value stored first, which every rank uses."""
-        return self._store.compare_set(key, "", value).decode()
+        full = self._prefix + key
+        with self._participant.client.during(f"publishing the decision for {key}"):
+            stored = self._participant.client.compare_set(full, "", value).decode()
+        self._participant.known[full] = stored
+        return stored
 
-    def wait(self, key: str) -> Optional[str]:
-        """The decision for ``key`` once published, or None if the group was silent
-        for ``timeout`` before (any of its ranks may be the one that publishes)."""
-        silence = Silence(self._timeout, self._root, self._members)
-        return self.get(key) if _poll(self._store, [key], silence) else None
+    def wait(self, key: str) -> str | None:
+        """The decision for ``key`` once published, or None if the group was silent for
+        ``timeout`` before (any of its ranks may be the one that publishes)."""
+        silence = Silence(self._participant, self._group, self._members, self._timeout)
+        with self._participant.client.during(f"waiting for the decision for {key}"):
+            if wait_until(self._participant, [self._prefix + key], silence):
+                return self.get(key)
+        return None
+
+
+# -- one session -------------------------------------------------------------------------
 
 
 class CollectiveSession:
-    """The store side of one session: one graph's plan on one process group."""
+    """The Store side of one session: one graph's plan on one process group."""
 
     def __init__(
         self,
-        store: Store,
+        participant: Participant,
         group_name: str,
         session_key: str,
         rank: int,
         members: Sequence[int],
         timeout: float,
     ) -> None:
+        self.participant = participant
         self.rank = rank
-        # The global rank of each group rank, whose heartbeats the waits watch.
+        # The global rank of each group rank.
         self.members = list(members)
         self.world_size = len(self.members)
         self.timeout = timeout
         self.key = session_key
-        self._root = store
-        self._store = _group_store(store, group_name, f"session/{session_key}")
+        self.group_name = group_name
+        self._prefix = f"{participant.namespace}/{group_name}/session/{session_key}/"
         self._topic_prefix = ""
-        # Whether this rank joined before the decision was taken (it did not merely
-        # read it): only such ranks take part in the session's votes.
-        self.joined = False
+        # Whether this rank agrees keys in this session's votes: it joined before the
+        # decision was taken (it did not merely read it), and the group compiles.
+        self.votes = False
 
     # -- JOIN / DECIDE ----------------------------------------------------------
 
@@ -355,46 +592,42 @@ class CollectiveSession:
         on the rank whose arrival completes the group. ``fallback`` turns the reason
         why the group did not assemble into a decision; it runs on a rank whose
         deadline passed. Waits until the ranks not yet here were silent for
-        ``timeout`` seconds.
+        ``timeout`` seconds. A rank that joined this session before (an earlier graph
+        of the same plan) reads its decision and does not vote.
         """
-        late = self._read("decision")
-        if late is not None:
-            log.info(
-                "rank %d arrived after session %s was decided; following it",
-                self.rank, self.key,
-            )
-            return Decision.decode(late)
-        self._store.set(self._join_key(self.rank), json.dumps(join, sort_keys=True))
-        self.joined = True
-        if self._store.add("arrived", 1) >= self.world_size:
-            joins = [
-                json.loads(raw)
-                for raw in self._store.multi_get(
-                    [self._join_key(r) for r in range(self.world_size)]
-                )
-            ]
-            return self._settle(decide(joins))
-        # Wait for the rank that completes the group to publish the decision.
-        silence = self._silence()
-        if _poll(self._store, ["decision"], silence):
-            return Decision.decode(self._store.get("decision"))
-        absent = [
-            r
-            for r in range(self.world_size)
-            if not self._store.check([self._join_key(r)])
-        ]
-        return self._settle(
-            fallback(
-                f"group ranks {absent} did not arrive within {self.timeout:g} s "
-                f"(collective_benchmark_timeout) of their last sign of progress: "
-                f"{silence.last_heard(absent)}"
-            )
-        )
+        client = self.participant.client
+        with client.during(f"joining session {self.key}"):
+            if self.key in self.participant.joined:
+                return Decision.decode(client.get(self._prefix + "decision"))
+            self.participant.joined.add(self.key)
+            client.append(self._prefix + "joins", json.dumps([self.rank, join], sort_keys=True) + "\n")
+            if client.add(self._prefix + "arrived", 1) == self.world_size:
+                joins = self._joins()
+                decision = self._settle(decide([joins[r] for r in range(self.world_size)]))
+            else:
+                silence = self._silence()
+                if wait_until(self.participant, [self._prefix + "decision"], silence):
+                    decision = Decision.decode(client.get(self._prefix + "decision"))
+                else:
+                    absent = [r for r in range(self.world_size) if r not in self._joins()]
+                    decision = self._settle(fallback(
+                        f"group ranks {absent} did not arrive within {self.timeout:g} s "
+                        f"(collective_benchmark_timeout) of the group's last sign of progress: "
+                        f"{silence.last_heard(absent)}"
+                    ))
+        # A fallback or a load needs no votes; a compile was decided with this rank in.
+        self.votes = decision.kind == DecisionKind.COMPILE
+        return decision
+
+    def _joins(self) -> dict[int, dict[str, Any]]:
+        raw = self.participant.client.get(self._prefix + "joins").decode()
+        return {rank: join for rank, join in map(json.loads, raw.splitlines())}
 
     def _settle(self, proposal: Decision) -> Decision:
         # compare_set is the session's single linearization point: the first
         # proposal is stored, later ones get the stored value back.
-        return Decision.decode(self._store.compare_set("decision", "", proposal.encode()))
+        stored = self.participant.client.compare_set(self._prefix + "decision", "", proposal.encode())
+        return Decision.decode(stored)
 
     # -- VOTE -------------------------------------------------------------------
 
@@ -404,25 +637,33 @@ class CollectiveSession:
         Waits until the ranks that did not vote were silent for ``timeout`` seconds
         (a rank that works, compiling or benchmarking, beats); then raises
         CollectiveAutotuneError naming them, where they were last heard of, and
-        what the others reported. The last rank to read a topic's votes deletes them.
+        what the others reported.
         """
-        keys = self._vote_keys(topic)
-        self._store.set(keys[self.rank], outcome)
-        silence = self._silence()
-        if not _poll(self._store, keys, silence, self.check_abort):
-            missing = [r for r, k in enumerate(keys) if not self._store.check([k])]
-            raise CollectiveAutotuneError(
-                f"{topic}: group ranks {missing} did not report and were silent for "
-                f"{self.timeout:g} s (collective_benchmark_timeout); they are gone, or "
-                f"stuck in a device collective. {silence.last_heard(missing)}. "
-                f"Reports received: {self.peer_reports(topic)}"
-            )
-        outcomes = [raw.decode() for raw in self._store.multi_get(keys)]
-        read = f"read/{self._topic_prefix}{topic}"
-        if self._store.add(read, 1) >= self.world_size:
-            for key in [*keys, read]:
-                self._store.delete_key(key)
-        return outcomes
+        client = self.participant.client
+        base = f"{self._prefix}vote/{self._topic_prefix}{topic}/"
+        with client.during(f"the vote on {topic}"):
+            client.append(base + "votes", json.dumps([self.rank, outcome]) + "\n")
+            if client.add(base + "count", 1) == self.world_size:
+                client.set(base + "done", "1")
+            else:
+                silence = self._silence()
+                if not wait_until(self.participant, [base + "done"], silence):
+                    raw = client.get_if_set(base + "votes")
+                    votes = self._votes(raw.decode() if raw is not None else "")
+                    missing = [r for r in range(self.world_size) if r not in votes]
+                    raise CollectiveAutotuneError(
+                        f"{topic}: group ranks {missing} did not report and were silent for "
+                        f"{self.timeout:g} s (collective_benchmark_timeout); they are gone, or "
+                        f"stuck in a device collective. {silence.last_heard(missing)}. "
+                        f"Reports received: {votes}"
+                    )
+            votes = self._votes(client.get(base + "votes").decode())
+        return [votes[r] for r in range(self.world_size)]
+
+    @staticmethod
+    def _votes(raw: str) -> dict[int, str]:
+        """The votes appended so far, by group rank."""
+        return {rank: outcome for rank, outcome in map(json.loads, raw.splitlines())}
 
     def scoped(self, prefix: str) -> CollectiveSession:
         """This session, with ``prefix`` before every vote topic: the votes of one key
@@ -434,72 +675,19 @@ class CollectiveSession:
     # -- ABORT ------------------------------------------------------------------
 
     def abort(self, reason: str) -> None:
-        """Tell every rank of the session to stop; the first reason posted is kept."""
-        self._store.compare_set("abort", "", f"group rank {self.rank}: {reason}")
+        """Tell every rank of the group to stop; the first reason posted is kept."""
+        client = self.participant.client
+        namespace = self.participant.namespace
+        with client.during("aborting"):
+            client.compare_set(abort_key(namespace, self.group_name), "", f"group rank {self.rank}: {reason}")
+            client.add(progress_key(namespace, self.group_name), ABORTED)
 
     def check_abort(self) -> None:
-        """Raise CollectiveAutotuneError if some rank aborted the session."""
-        reason = self._read("abort")
-        if reason is not None:
-            raise CollectiveAutotuneError(
-                f"collective autotuning stopped on every rank of the group: "
-                f"{reason.decode()}"
-            )
-
-    def peer_reports(self, topic: str) -> dict[int, str]:
-        """The outcomes posted so far for ``topic``, by group rank (no waiting)."""
-        reports = {}
-        for r, key in enumerate(self._vote_keys(topic)):
-            raw = self._read(key)
-            if raw is not None:
-                reports[r] = raw.decode()
-        return reports
+        """Raise CollectiveAutotuneError if some rank aborted (one request)."""
+        with self.participant.client.during("checking for an abort"):
+            self._silence().look()
 
     # -- helpers ----------------------------------------------------------------
 
     def _silence(self) -> Silence:
-        return Silence(self.timeout, self._root, self.members)
-
-    @staticmethod
-    def _join_key(rank: int) -> str:
-        return f"join/{rank}"
-
-    def _vote_keys(self, topic: str) -> list[str]:
-        return [f"vote/{self._topic_prefix}{topic}/{r}" for r in range(self.world_size)]
-
-    def _read(self, key: str) -> Optional[bytes]:
-        return self._store.get(key) if self._store.check([key]) else None
-
-
-# Seconds this process spent waiting for peers in the Store, for the records.
-_waited_s = 0.0
-
-
-def waited_seconds() -> float:
-    """Seconds this process has waited for peers so far (arrivals, votes, decisions)."""
-    return _waited_s
-
-
-def _poll(
-    store: Store,
-    keys: list[str],
-    deadline: Deadline,
-    check_abort: Optional[Callable[[], None]] = None,
-) -> bool:
-    """True once all ``keys`` exist; False if ``deadline`` passes first. This rank is
-    silent meanwhile: waiting is no progress."""
-    global _waited_s
-    began = time.monotonic()
-    interval = _POLL_MIN_S
-    try:
-        with liveness.waiting():
-            while not store.check(keys):
-                if check_abort is not None:
-                    check_abort()
-                if deadline.expired():
-                    return False
-                time.sleep(min(interval, deadline.remaining()))
-                interval = min(interval * 1.5, _POLL_MAX_S)
-            return True
-    finally:
-        _waited_s += time.monotonic() - began
+        return Silence(self.participant, self.group_name, self.members, self.timeout)

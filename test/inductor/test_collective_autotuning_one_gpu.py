@@ -1,0 +1,111 @@
+"""The GPU paths on one GPU, where machines of several GPUs are not at hand.
+
+A NCCL group of one rank still runs everything but the waiting: its sessions, the
+screen, graph-mode timing in CUDA graphs, the ladder of a dynamic op and its size
+dispatch inside CUDA graphs, kept decisions and their screen. Choices whose cost grows
+with size (GPU sleeps) make the winner change with size, so that the dispatch runs.
+Every case skips without CUDA; under torchrun with more than one rank they skip too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import collective_ops as ops
+from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
+from test_collective_autotuning import check_agreement, one_op_body
+from test_collective_autotuning_faults import decision_files, NO_GRAPH_CACHES, writes_input_body, zeroes_body
+from test_collective_autotuning_graphs import forward_and_backward_body
+
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_one_op_is_screened_and_timed_on_one_gpu():
+    (record,) = check_agreement(run_ranks(1, one_op_body, device="cuda"), 1, 1)
+    assert record.mode == "eager" and record.group_ranks == (0,)
+
+
+def graph_mode_dispatch_body(r: Rank) -> dict:
+    """Six layers compiled once with CUDA graphs and a dynamic token dimension, whose
+    all-reduce's winner changes with size: an inlined one, an opaque op, the op's own."""
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
+    group = r.group.group_name
+    weights = [torch.eye(4, device=r.device) / 2 for _ in range(6)]
+
+    def model(x):
+        for w in weights:
+            x = x + ops.all_reduce(torch.relu(x @ w), group, "12")
+        return x
+
+    start = len(collective_autotune_records())
+    skips = counters["inductor"]["cudagraph_skips"]
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=True, fullgraph=True)
+    ran = {}
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+        for n in (8, 2, 30, 100, 2, 30):
+            x = torch.randn(n, 4, device=r.device)
+            ops.ran.clear()
+            out = compiled(x).clone()
+            torch.cuda.synchronize()
+            ran.setdefault(n, sorted({t for t in ops.ran if t != "default"}))
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    return {
+        "ran": ran,
+        "records": collective_autotune_records()[start:],
+        "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips,
+    }
+
+
+def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu():
+    (result,) = assert_all_ok(run_ranks(1, graph_mode_dispatch_body, device="cuda", timeout_s=300))
+    assert result["cudagraph_skips"] == 0
+    records = result["records"]
+    assert {r.mode for r in records} == {"graph"}
+    winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in records[:5]}
+    assert winners["1_1"] == "per_row_cost" and winners["65_inf"] == "default", winners
+    # Under CUDA graphs only the first call of a size records (and marks): each size's
+    # winner ran there.
+    assert result["ran"][2] == ["per_row_cost"] and result["ran"][100] == []
+
+
+def test_forward_and_backward_dispatch_on_one_gpu():
+    (result,) = assert_all_ok(run_ranks(1, forward_and_backward_body, device="cuda", timeout_s=300))
+    assert result["frames"] == 1 and len(result["records"]) == 30
+
+
+def test_a_kept_decision_is_screened_again_on_one_gpu(tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}"), **NO_GRAPH_CACHES}
+    ((first,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
+    assert first.source == "benchmark"
+    (entry,) = decision_files(tmp_path, 0)
+    data = json.loads(entry.read_text())
+    data["winner"] = "zeroes"
+    entry.write_text(json.dumps(data))
+    ((again,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
+    assert again.source == "benchmark" and again.winner != "zeroes"
+    assert "the stored winner failed its screen" in again.reason
+
+
+def test_a_choice_writing_into_its_input_is_rejected_on_one_gpu():
+    ((record,),) = assert_all_ok(run_ranks(1, writes_input_body, device="cuda"))
+    status = {t.name: t.status for t in record.timings}
+    assert "writes into input 0" in status["writes_into_input"], status
+
+
+def graph_mode_one_op_body(r: Rank) -> list:
+    ops.register_standard_ops()
+    with torch._inductor.config.patch({"triton.cudagraphs": True}):
+        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name) * 2, torch.randn(256, 64, device=r.device))
+
+
+def test_graph_mode_timing_on_one_gpu():
+    ((record,),) = assert_all_ok(run_ranks(1, graph_mode_one_op_body, device="cuda"))
+    assert record.mode == "graph" and record.source == "benchmark"
+    assert all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")

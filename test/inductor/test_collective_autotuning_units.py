@@ -1,0 +1,295 @@
+"""Fast unit tests of collective autotuning's pure pieces: no process group, no compile.
+
+The protocol's pieces run on a ``HashStore`` (one process, real Store semantics); the
+rest are pure functions of their arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from torch._inductor.kernel.collective_choices import code_identity, unwaited_collective
+from torch._inductor.kernel.collective_dispatch import _bisection_order, _branches, decided_below, interpolated
+from torch._inductor.kernel.collective_graph import _decide_graph, _differing_settings, _failures, GroupChoice
+from torch._inductor.runtime.collective_benchmarking import (
+    _status,
+    BenchmarkSettings,
+    is_collective_op,
+    OK,
+    prune,
+    Verdict,
+)
+from torch._inductor.runtime.collective_decisions import DecisionStore, StoredDecision
+from torch._inductor.runtime.collective_protocol import (
+    ABORTED,
+    CollectiveAutotuneError,
+    CollectiveSession,
+    Decision,
+    DecisionKind,
+    Liveness,
+    Participant,
+    Silence,
+    StoreClient,
+    wait_until,
+)
+
+
+# -- the ladder ------------------------------------------------------------------------------
+
+
+def test_ranges_are_tuned_coarse_to_fine():
+    assert _bisection_order(1) == [0]
+    assert _bisection_order(2) == [0, 1]
+    assert _bisection_order(8) == [0, 7, 3, 1, 5, 2, 4, 6]
+    for n in range(1, 20):
+        assert sorted(_bisection_order(n)) == list(range(n))
+
+
+LADDER = ["op_range_1_1", "op_range_2_4", "op_range_5_16", "op_range_17_64", "op_range_65_inf"]
+
+
+def test_a_range_between_two_that_agree_takes_their_winner():
+    decided = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
+    assert interpolated(LADDER, "op_range_5_16", decided) == (
+        "a", "the neighbouring sizes 1 and inf chose it too"
+    )
+    differ = {"op_range_1_1": "a", "op_range_65_inf": "b"}.get
+    assert interpolated(LADDER, "op_range_5_16", differ) is None
+    # The nearest decided neighbour counts, not the farthest.
+    nearest = {"op_range_1_1": "a", "op_range_2_4": "b", "op_range_65_inf": "b"}.get
+    assert interpolated(LADDER, "op_range_5_16", nearest)[0] == "b"
+    assert interpolated(LADDER, "op_range_1_1", decided) is None  # nothing below
+
+
+def test_a_tie_goes_to_the_winner_just_below_once_decided():
+    assert decided_below(LADDER, "op_range_1_1", {}.get) is None
+    assert decided_below(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == ("x", "4")
+    # Further below says nothing of this range's lower sizes.
+    assert decided_below(LADDER, "op_range_5_16", {"op_range_1_1": "x"}.get) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bounds:
+    start: int
+    end: float
+
+
+@dataclasses.dataclass
+class _Group:
+    impl_name: str
+    ranges: list
+
+
+def test_dispatch_branches_follow_sizes_and_merge_neighbours_only():
+    a = _Group("a", [_Bounds(1, 4), _Bounds(65, math.inf)])
+    b = _Group("b", [_Bounds(5, 16), _Bounds(17, 64)])
+    branches = _branches([a, b])
+    # a up to 4, b up to 64 (two neighbouring ranges merged), a again above.
+    assert [(top, g.impl_name) for top, g in branches] == [(4, "a"), (64, "b"), (math.inf, "a")]
+
+
+# -- sampling --------------------------------------------------------------------------------
+
+
+def test_prune_drops_only_the_clearly_slower_and_stops_on_a_tie():
+    names = ["lead", "close", "slow", "kept"]
+    candidates = [type("C", (), {"name": n}) for n in names]
+    low, mid, high = [9.0, 9.5, 15.0, 30.0], [10.0, 10.1, 16.0, 31.0], [11.0, 10.5, 17.0, 32.0]
+    live, settled = prune([0, 1, 2, 3], low, mid, high, {3}, rounds=3, min_rounds=3, candidates=candidates)
+    assert live == [0, 1, 3] and not settled  # "slow" dropped; "kept" kept; a tie needs 6 rounds
+    live, settled = prune([0, 1, 3], low, mid, high, {3}, rounds=6, min_rounds=3, candidates=candidates)
+    assert live == [0, 1, 3] and settled  # "close" within 2% of the leader
+
+
+def test_a_screen_status_reads_the_same_from_every_ranks_verdicts():
+    ok, wrong = [float(Verdict.OK), 0.0, 5.0], [float(Verdict.WRONG_OUTPUT), 7.95, 5.0]
+    assert _status([ok, ok], "") == OK
+    assert _status([wrong, ok], "") == (
+        "rejected by group ranks [0] (group rank 0: rejected: output differs from the reference (max "
+        "abs error 7.95)), accepted by group ranks [1]: a result that differs between ranks suggests it "
+        "reads data before a collective completed"
+    )
+    wrote = [float(Verdict.WROTE_INPUT), 1.0, 5.0]
+    assert "writes into input 1, which the op does not declare it mutates" in _status([wrote, wrote], "")
+    raised = [float(Verdict.RAISED), 0.0, math.inf]
+    assert _status([raised, raised], "raised on every rank: x") == "raised on every rank: x"
+
+
+def test_settings_are_validated_in_one_place():
+    good = BenchmarkSettings(20, 5, 30.0, 1000.0, 500.0, "auto", True, 16384, 4)
+    good.validate()
+    with pytest.raises(ValueError, match="collective_benchmark_nruns=0: an int >= 1"):
+        dataclasses.replace(good, nruns=0).validate()
+    with pytest.raises(ValueError, match="collective_autotune_dynamic_ratio=1: an int >= 2"):
+        dataclasses.replace(good, dynamic_ratio=1).validate()
+    with pytest.raises(ValueError, match="collective_benchmark_timeout=-1: seconds, > 0"):
+        dataclasses.replace(good, timeout=-1).validate()
+    assert set(good.knobs()) == {
+        "collective_benchmark_nruns", "collective_benchmark_warmup", "collective_benchmark_timeout",
+        "collective_benchmark_sample_us", "collective_benchmark_graph_sample_us",
+        "collective_benchmark_mode", "collective_autotune_dynamic", "collective_autotune_dynamic_max",
+        "collective_autotune_dynamic_ratio",
+    }
+
+
+# -- detection -------------------------------------------------------------------------------
+
+
+def test_only_custom_ops_are_recognised_by_their_name():
+    aten = torch.ops.aten
+    assert not is_collective_op(aten.broadcast_to.default)
+    assert not is_collective_op(aten.broadcast_tensors.default)
+    assert is_collective_op(torch.ops._c10d_functional.all_reduce.default)
+    assert not is_collective_op(torch.ops._c10d_functional.wait_tensor.default)
+    assert is_collective_op("mylib::fused_all_reduce")
+    assert is_collective_op("mylib.broadcast_weights.default")
+    assert not is_collective_op("mylib::scale")
+
+
+def test_reading_a_collectives_output_before_waiting_is_found():
+    fc = torch.ops._c10d_functional
+
+    def early(x):
+        out = fc.all_reduce(x, "sum", "0")
+        return out * 2  # before wait_tensor
+
+    def waited(x):
+        return fc.wait_tensor(fc.all_reduce(x, "sum", "0")) * 2
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4)
+    assert "reads the output of _c10d_functional::all_reduce before wait_tensor" in unwaited_collective(
+        make_fx(early, tracing_mode="fake")(x)
+    )
+    assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
+
+
+# -- agreeing ----------------------------------------------------------------------------------
+
+
+def test_failures_read_the_same_on_every_rank():
+    per_rank = [{"a": "boom"}, {"a": "boom", "b": "no symmetric memory"}, {}]
+    assert _failures(per_rank) == {"a": "group ranks [0, 1]: boom", "b": "group rank 1: no symmetric memory"}
+
+
+def test_settings_that_differ_are_named_by_variable():
+    same = {"collective_benchmark_warmup": 5, "collective_benchmark_mode": "auto"}
+    assert _differing_settings([same, same]) == ""
+    other = {**same, "collective_benchmark_warmup": 6}
+    why = _differing_settings([same, other, same])
+    assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_WARMUP" in why
+    assert "5 on group ranks [0, 2], 6 on group ranks [1]" in why
+    decision = _decide_graph([{"settings": same, "loaded": ""}, {"settings": other, "loaded": ""}])
+    assert decision.kind == DecisionKind.MISMATCH
+
+
+def test_a_cached_graph_is_loaded_only_where_every_rank_loaded_the_same():
+    settings = {"collective_benchmark_warmup": 5}
+    assert _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind == DecisionKind.LOAD
+    mixed = _decide_graph([{"settings": settings, "loaded": "g"}, {"settings": settings, "loaded": ""}])
+    assert mixed.kind == DecisionKind.COMPILE and "group ranks [0] hit their caches" in mixed.reason
+
+
+def test_decisions_round_trip_through_their_encodings():
+    decision = Decision(DecisionKind.FALLBACK, "late")
+    assert Decision.decode(decision.encode().encode()) == decision
+    assert GroupChoice.decode(GroupChoice("x", provisional=True).encode()) == GroupChoice("x", True)
+
+
+# -- code identity ---------------------------------------------------------------------------
+
+
+def _factory(scale: float, offset=None):
+    def impl(x):
+        y = x * scale
+        return offset(y) if offset is not None else y
+
+    return impl
+
+
+def test_code_identity_follows_the_code_not_the_name():
+    assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
+    assert code_identity(_factory(2.0)) != code_identity(_factory(3.0))  # a value closed over
+    assert code_identity(_factory(2.0, lambda y: y + 1)) != code_identity(_factory(2.0, lambda y: y - 1))
+
+    def a(x):
+        return x + 1
+
+    def b(x):
+        return x + 2
+
+    b.__name__ = b.__qualname__ = a.__qualname__
+    assert code_identity(a) != code_identity(b)  # same name, other code
+
+
+# -- decisions on disk ---------------------------------------------------------------------------
+
+
+def test_a_stored_decision_is_read_back_and_anything_else_is_a_miss(tmp_path: Path):
+    store = DecisionStore(tmp_path)
+    env = {"group_size": 2}
+    decision = StoredDecision("key", env, "winner", {"winner": 5.0})
+    store.save(decision)
+    assert store.load("key", env) == decision
+    assert store.load("key", {"group_size": 4}) is None  # another environment
+    assert store.load("other", env) is None
+    (path,) = tmp_path.glob("*.json")
+    path.write_text("{not json")
+    assert store.load("key", env) is None
+    path.write_text(json.dumps({"format": 0, **dataclasses.asdict(decision)}))
+    assert store.load("key", env) is None  # an older format
+
+
+# -- the protocol on one process's Store -------------------------------------------------------
+
+
+def _participant(store: dist.Store, rank: int, timeout: float) -> Participant:
+    client = StoreClient(store, "HashStore", timeout)
+    return Participant(client, Liveness(client, "ns", rank, lambda: ["g"]), rank, "ns")
+
+
+def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome():
+    store = dist.HashStore()
+    members = [_participant(store, r, 5.0) for r in range(3)]
+    sessions = [CollectiveSession(m, "g", "s", r, [0, 1, 2], 5.0) for r, m in enumerate(members)]
+    results: dict[int, list[str]] = {}
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r, sessions[r].vote("t", f"o{r}")))
+               for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert all(results[r] == ["o0", "o1", "o2"] for r in range(3))
+    assert [m.client.requests for m in members] == [4, 4, 4]
+
+
+def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at_once():
+    store = dist.HashStore()
+    waiter, worker = _participant(store, 0, 0.4), _participant(store, 1, 0.4)
+    begin = time.monotonic()
+    assert not wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
+    assert 0.4 <= time.monotonic() - begin < 0.4 + 0.3
+
+    def work() -> None:
+        with worker.liveness.working("working on purpose"):
+            time.sleep(1.2)
+        worker.client.set("done", "1")
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    assert wait_until(waiter, ["done"], Silence(waiter, "g", [0, 1], 0.4))  # 1.2 s of work > 0.4 s
+    thread.join()
+    worker.client.add("ns/g/progress", ABORTED)
+    worker.client.set("ns/g/abort", "group rank 1: gone")
+    with pytest.raises(CollectiveAutotuneError, match="stopped on every rank of the group: group rank 1: gone"):
+        wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
