@@ -23,7 +23,14 @@ default mode). Per mode:
   * static: the model compiled at each size alone, tuned by us (one compile per size);
   * alone: the model compiled once (dynamic) with each implementation written in
     (``one_all_reduce`` is the plain NCCL all-reduce a user would write; ``default``,
-    the op's own, is the model with ``collective_autotune=False``).
+    the op's own, is the model with ``collective_autotune=False``);
+  * table: the model compiled once (dynamic) with ``tp_demo::table_all_reduce`` written
+    in, which picks at run time by message size from vLLM's hand-set thresholds (the
+    symmetric-memory one-shot kernel standing for vLLM's custom all-reduce, two-shot up
+    to the table's limit for the world size, the op's own NCCL above; NCCL where the
+    table lists neither world size nor device), as serving engines pick their all-reduce.
+    Per size: its pick, and whether the tuned dynamic model is no slower than it (and
+    faster where its pick is not the best single implementation).
 
 Every variant is compiled and warmed up first; then each size's step is sampled
 round-robin over the variants (``ROUNDS`` samples of ``calls`` back-to-back calls each,
@@ -290,31 +297,52 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         with inductor_config.patch(collective_autotune=name != "default"):
             variants[name] = compile_variant(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
                                              bench.tokens, True, False)
+    table_group = fresh_group()
+    variants["table"] = compile_variant(bench, mode, layers, ops.table_all_reduce, table_group,
+                                        device, bench.tokens, True, False)
+    table = ops.table_limits(table_group.size(), ops.device_capability(device))
     measure_steps(bench, variants, device)
     breakdown = kernel_breakdown(bench, variants, device) if kernels else None
     for name, variant in variants.items():
         log(name, variant)
 
     rows = []
+    singles = (*bench.implementations, "default")
     for tokens in bench.tokens:
-        others = {k: v.step_us[tokens] for k, v in variants.items() if k != "dynamic"}
+        # The table is no single-implementation compile: it is compared on its own below.
+        others = {k: v.step_us[tokens] for k, v in variants.items()
+                  if k not in ("dynamic", "table")}
         best = min(others, key=others.get)
         fastest = min(others.values())
         nccl = variants["one_all_reduce"].step_us[tokens]
         dynamic = variants["dynamic"].step_us[tokens]
+        nbytes = tokens * bench.hidden * torch.finfo(bench.dtype).bits // 8
+        table_pick = table.pick(nbytes)
+        single_us = {k: variants[k].step_us[tokens] for k in singles}
+        best_single = min(single_us, key=single_us.get)
+        table_pick_loss = sweep._pct(single_us[table_pick], single_us[best_single])
         rows.append({
             "tokens": tokens,
-            "bytes": tokens * bench.hidden * torch.finfo(bench.dtype).bits // 8,
+            "bytes": nbytes,
             "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
             "best": best,
             "loss_pct": sweep._pct(dynamic, fastest),
             "vs_nccl_pct": sweep._pct(dynamic, nccl),
             # Where another implementation beats plain NCCL by more than the noise of a step.
             "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT[mode] / 100),
+            "table_pick": table_pick,
+            "best_single": best_single,
+            # The pick's model against the best single-implementation model at this size.
+            "table_pick_loss_pct": table_pick_loss,
+            # Where the table's pick loses to another implementation by more than the noise.
+            "table_beaten": table_pick_loss > LOSS_GOAL_PCT[mode],
+            "vs_table_pct": sweep._pct(dynamic, variants["table"].step_us[tokens]),
         })
     return sweep._rounded({
         "rows": rows,
         "ladder": ladder,
+        "table": {"world_size": table_group.size(), "capability": ops.device_capability(device),
+                  **dataclasses.asdict(table)},
         "compiles": {k: v.compiles for k, v in variants.items()},
         "cudagraph_skips": {k: v.cudagraph_skips for k, v in variants.items()},
         "recompiles": variants["dynamic"].compiles - 1,
@@ -370,20 +398,41 @@ def summary(result: dict[str, Any]) -> str:
     for mode, m in result["modes"].items():
         goal = LOSS_GOAL_PCT[mode]
         lines.append(f"[{mode}] ladder: {', '.join(f'{r} {w} ({s})' for r, w, s in m['ladder'])}")
+        t = m["table"]
+        if t["two_shot_below"] or t["symm_mem_up_to"]:
+            picks = (f"one-shot below {sweep._size(t['one_shot_below'])}, two-shot below "
+                     f"{sweep._size(t['two_shot_below'])} and up to "
+                     f"{sweep._size(t['symm_mem_up_to'])}, NCCL (the op's own) above")
+        else:
+            picks = "not listed, NCCL (the op's own) at every size"
+        lines.append(f"[{mode}] table (vLLM's) on {t['world_size']} ranks of capability "
+                     f"{t['capability'] or 'none (CPU)'}: {picks}")
         for row in m["rows"]:
             steps = ", ".join(f"{k} {v:.1f}" for k, v in row["step_us"].items())
             lines.append(
                 f"  {row['tokens']:>6} tokens: dynamic {row['step_us']['dynamic']:.1f} us, best {row['best']} "
-                f"-> {row['loss_pct']:+.1f}%, vs NCCL {row['vs_nccl_pct']:+.1f}%  [{steps}]"
+                f"-> {row['loss_pct']:+.1f}%, vs NCCL {row['vs_nccl_pct']:+.1f}%, vs table "
+                f"{row['vs_table_pct']:+.1f}% (picks {row['table_pick']}, "
+                f"{row['table_pick_loss_pct']:+.1f}% vs {row['best_single']})  [{steps}]"
             )
         worst = max(m["rows"], key=lambda r: r["loss_pct"])
         slower = [r["tokens"] for r in m["rows"] if r["nccl_beaten"] and r["vs_nccl_pct"] >= 0]
+        worst_table = max(m["rows"], key=lambda r: r["vs_table_pct"])
+        table_wins = [r["tokens"] for r in m["rows"]
+                      if r["table_beaten"] and r["vs_table_pct"] >= 0]
+        beaten = [r["tokens"] for r in m["rows"] if r["table_beaten"]]
         skips = sum(m["cudagraph_skips"].values())
         lines += [
             f"  step within {goal:g}% of the best static or single-implementation compile: worst "
             f"{worst['loss_pct']:+.1f}% at {worst['tokens']} tokens -> {sweep._verdict(worst['loss_pct'] <= goal)}",
             f"  faster than plain NCCL wherever another implementation is: "
             f"{'yes' if not slower else 'not at ' + str(slower)} -> {sweep._verdict(not slower)}",
+            f"  no slower than the table (within {goal:g}%): worst "
+            f"{worst_table['vs_table_pct']:+.1f}% at {worst_table['tokens']} tokens "
+            f"-> {sweep._verdict(worst_table['vs_table_pct'] <= goal)}",
+            f"  faster than the table where its pick is not the best single implementation (at "
+            f"{beaten or 'no size'}): {'yes' if not table_wins else 'not at ' + str(table_wins)} "
+            f"-> {sweep._verdict(not table_wins)}",
             f"  cudagraph skips {m['cudagraph_skips']} -> {sweep._verdict(skips == 0)}; recompiles of the "
             f"dynamic compile {m['recompiles']} -> {sweep._verdict(m['recompiles'] == 0)}",
             f"  extra compile of the ladder (tuned {m['compile_s']['dynamic_tuned']:.2f} s - untuned "
