@@ -22,54 +22,39 @@ from examples.tp_allreduce import ops as tp_ops
 KiB, MiB = 1 << 10, 1 << 20
 ONE, TWO, NCCL = "symm_mem_one_shot", "symm_mem_two_shot", "default"
 
-# (world size, compute capability, bytes, implementation), written out from vLLM's
+# Per (world size, compute capability): (bytes, implementation), written out from vLLM's
 # tables and kernels rather than derived from the op's code: its custom all-reduce (one
 # stage on 2 ranks, else below 512 KiB on 4 and 256 KiB on 6 or 8; two stages above) below
 # min(CUSTOM_ALL_REDUCE_MAX_SIZES, 8 MiB), symmetric memory up to
 # SYMM_MEM_ALL_REDUCE_MAX_SIZES, NCCL above.
-DOCUMENTED = [
+DOCUMENTED: dict[tuple[int, str | None], list[tuple[int, str]]] = {
     # Hopper, 2 ranks: custom all-reduce below 8 MiB (its buffer), symmetric memory to 64 MiB.
-    (2, "9.0", 1, ONE),
-    (2, "9.0", 8 * MiB - 1, ONE),
-    (2, "9.0", 8 * MiB, TWO),
-    (2, "9.0", 64 * MiB, TWO),
-    (2, "9.0", 64 * MiB + 1, NCCL),
+    (2, "9.0"): [(1, ONE), (8 * MiB - 1, ONE), (8 * MiB, TWO), (64 * MiB, TWO),
+                 (64 * MiB + 1, NCCL)],
     # 4 ranks: one stage below 512 KiB, two below 8 MiB, symmetric memory to 32 MiB.
-    (4, "9.0", 512 * KiB - 1, ONE),
-    (4, "9.0", 512 * KiB, TWO),
-    (4, "9.0", 8 * MiB, TWO),
-    (4, "9.0", 32 * MiB, TWO),
-    (4, "9.0", 32 * MiB + 1, NCCL),
+    (4, "9.0"): [(512 * KiB - 1, ONE), (512 * KiB, TWO), (8 * MiB, TWO), (32 * MiB, TWO),
+                 (32 * MiB + 1, NCCL)],
     # 6 ranks: one stage below 256 KiB, custom all-reduce below 512 KiB, then to 64 MiB.
-    (6, "9.0", 256 * KiB - 1, ONE),
-    (6, "9.0", 256 * KiB, TWO),
-    (6, "9.0", 512 * KiB, TWO),
-    (6, "9.0", 64 * MiB, TWO),
-    (6, "9.0", 64 * MiB + 1, NCCL),
+    (6, "9.0"): [(256 * KiB - 1, ONE), (256 * KiB, TWO), (512 * KiB, TWO), (64 * MiB, TWO),
+                 (64 * MiB + 1, NCCL)],
     # 8 ranks: custom all-reduce below 256 KiB (one stage), symmetric memory to 64 MiB.
-    (8, "9.0", 256 * KiB - 1, ONE),
-    (8, "9.0", 256 * KiB, TWO),
-    (8, "9.0", 64 * MiB, TWO),
-    (8, "9.0", 64 * MiB + 1, NCCL),
+    (8, "9.0"): [(256 * KiB - 1, ONE), (256 * KiB, TWO), (64 * MiB, TWO), (64 * MiB + 1, NCCL)],
     # Blackwell, 2 ranks: custom all-reduce below 2 MiB, symmetric memory to 8 MiB.
-    (2, "10.0", 2 * MiB - 1, ONE),
-    (2, "10.0", 2 * MiB, TWO),
-    (2, "10.0", 8 * MiB, TWO),
-    (2, "10.0", 8 * MiB + 1, NCCL),
+    (2, "10.0"): [(2 * MiB - 1, ONE), (2 * MiB, TWO), (8 * MiB, TWO), (8 * MiB + 1, NCCL)],
     # A capability the table does not list: the custom all-reduce alone, then NCCL.
-    (2, "8.0", 8 * MiB - 1, ONE),
-    (2, "8.0", 8 * MiB, NCCL),
+    (2, "8.0"): [(8 * MiB - 1, ONE), (8 * MiB, NCCL)],
     # World sizes and devices it does not list: NCCL at every size.
-    (1, "9.0", 1, NCCL),
-    (1, "9.0", 64 * MiB, NCCL),
-    (3, "9.0", 1, NCCL),
-    (16, "9.0", 1, NCCL),
-    (2, None, 1, NCCL),
-    (2, None, 64 * MiB, NCCL),
-]
+    (1, "9.0"): [(1, NCCL), (64 * MiB, NCCL)],
+    (3, "9.0"): [(1, NCCL)],
+    (16, "9.0"): [(1, NCCL)],
+    (2, None): [(1, NCCL), (64 * MiB, NCCL)],
+}
 
 
-@pytest.mark.parametrize("world_size, capability, nbytes, implementation", DOCUMENTED)
+@pytest.mark.parametrize(
+    "world_size, capability, nbytes, implementation",
+    [(*where, *pick) for where, picks in DOCUMENTED.items() for pick in picks],
+)
 def test_table_picks_what_vllm_runs(world_size, capability, nbytes, implementation):
     assert tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
 
