@@ -39,31 +39,28 @@ import collections
 import dataclasses
 import functools
 import json
-import math
 import os
 import statistics
-import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-# Every tuning must start from fresh state, so nothing may come from disk: neither a
-# decision persisted by an earlier run nor a compiled graph from Inductor's caches
-# (a cached graph inlines its decisions and skips tuning). Set before torch reads its
-# config.
-os.environ["TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST"] = "0"
-os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+import common  # benchmarks/, the script's own directory
+
+
+# Every tuning starts from fresh state.
+common.fresh_state()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
 
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import (  # noqa: E402
+    assert_close_sum, barrier, finite, group_max, header, init_process_group, KiB, MiB, pct,
+    rank_randn, rounded, size_label, verdict, write_json,
+)
 from examples.tp_allreduce import ops  # noqa: E402
 
 
-KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 CPU_SIZES = [4 * KiB, 64 * KiB]
 REPEATS = 10
@@ -127,22 +124,6 @@ def short_name(choice: str) -> str:
         if implementation in choice:
             return key
     raise ValueError(f"choice {choice!r} is none of {[*IMPLEMENTATIONS.values(), DEFAULT]}")
-
-
-# -- collectives of the harness ----------------------------------------------------------
-
-
-def group_max(values: Sequence[float], device: torch.device) -> list[float]:
-    """Each value's maximum over the ranks: the slowest rank decides a collective."""
-    t = torch.tensor(list(values), dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
-def barrier(device: torch.device) -> None:
-    dist.all_reduce(torch.zeros(1, device=device))
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 # -- truth: each implementation compiled alone ---------------------------------------------
@@ -249,9 +230,8 @@ def tune(setup: Setup, x: torch.Tensor, mode: str, group_names: Sequence[str]) -
     if reused:
         raise RuntimeError(f"tunings not from fresh state ({mode}, {x.shape}): {reused}")
     reference = ops.all_reduce(x, setup.world_name)
-    tol = 3e-2 if x.dtype == torch.bfloat16 else 1e-4  # the sum's order differs by choice
     for out in outputs:
-        torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+        assert_close_sum(out, reference)
     return sorted(records, key=lambda r: names.index(r.group_name))
 
 
@@ -277,7 +257,7 @@ def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
         "mode": mode,
         "truth_us": truth,
         "truth_eager_us": truth_eager,
-        "measured_us": {k: _finite(statistics.median(v)) for k, v in timings.items()},
+        "measured_us": {k: finite(statistics.median(v)) for k, v in timings.items()},
         "pick": pick,
         "picks": picks,
         "flips": sum(p != pick for p in picks),
@@ -291,7 +271,7 @@ def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
     }
     if dropped:
         row["dropped"] = dropped
-    return _rounded({**row, **derived(row)})
+    return rounded({**row, **derived(row)})
 
 
 def derived(row: dict[str, Any]) -> dict[str, Any]:
@@ -301,50 +281,20 @@ def derived(row: dict[str, Any]) -> dict[str, Any]:
     best = ranked[0]
 
     def loss(key: str) -> float:
-        return _pct(truth[key], truth[best])
+        return pct(truth[key], truth[best])
 
     return {
         "best": best,
-        "runner_up_gap_pct": _pct(truth[ranked[1]], truth[best]) if len(ranked) > 1 else None,
+        "runner_up_gap_pct": pct(truth[ranked[1]], truth[best]) if len(ranked) > 1 else None,
         "pick_loss_pct": loss(row["pick"]),
         "worst_pick_loss_pct": max(loss(p) for p in row["picks"]),
         "measured_err_pct": {
-            k: None if m is None else _pct(m, truth[k]) for k, m in row["measured_us"].items()
+            k: None if m is None else pct(m, truth[k]) for k, m in row["measured_us"].items()
         },
     }
 
 
-def _pct(value: float, reference: float) -> float:
-    return (value - reference) / reference * 100
-
-
-def _finite(value: float) -> Optional[float]:
-    return value if math.isfinite(value) else None  # JSON has no infinity
-
-
-def _rounded(value: Any) -> Any:
-    """``value`` with its floats to 0.01 (µs, ms, %): finer is noise."""
-    if isinstance(value, float):
-        return round(value, 2)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_rounded(v) for v in value]
-    return value
-
-
 # -- the run --------------------------------------------------------------------------------
-
-
-def init(device_kind: str) -> torch.device:
-    if device_kind == "cpu":
-        dist.init_process_group("gloo")
-        return torch.device("cpu")
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=device)
-    return device
 
 
 def warm_up(setup: Setup, x: torch.Tensor) -> None:
@@ -368,12 +318,11 @@ def warm_up(setup: Setup, x: torch.Tensor) -> None:
 
 def sample_input(setup: Setup, nbytes: int) -> torch.Tensor:
     numel = nbytes // torch.empty((), dtype=setup.dtype).element_size()
-    gen = torch.Generator(setup.device).manual_seed(dist.get_rank())  # ranks differ: the sum shows
-    return torch.randn(numel, generator=gen, device=setup.device, dtype=setup.dtype)
+    return rank_randn((numel,), setup.dtype, setup.device)
 
 
 def run(args: argparse.Namespace) -> None:
-    device = init(args.device)
+    device = init_process_group(args.device)
     world = dist.get_world_size()
     implementations = IMPLEMENTATIONS if device.type == "cuda" else CPU_IMPLEMENTATIONS
     ops.register(tuple(implementations.values()))
@@ -389,7 +338,7 @@ def run(args: argparse.Namespace) -> None:
 
     # The process's first tuning, before anything else touched symmetric memory.
     (first,) = tune(setup, sample_input(setup, args.sizes[0]), args.modes[0], [setup.world_name])
-    (first_ms,) = _rounded(group_max([first.tuning_s * 1e3], device))
+    (first_ms,) = rounded(group_max([first.tuning_s * 1e3], device))
     if rank0:
         print(json.dumps({"first_op_autotune_ms": first_ms, "mode": args.modes[0], "bytes": args.sizes[0]}), flush=True)
 
@@ -404,9 +353,7 @@ def run(args: argparse.Namespace) -> None:
             if rank0:
                 print(json.dumps(rows[-1]), flush=True)
     result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)",
-        "world_size": world,
-        "torch": torch.__version__,
+        **header(device),
         "path": "torch.compile",
         "dtype": str(setup.dtype).removeprefix("torch."),
         "repeats": args.repeats,
@@ -414,9 +361,7 @@ def run(args: argparse.Namespace) -> None:
         "first_op_autotune_ms": first_ms,
     }
     if rank0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(summary(result), flush=True)
         plot(result, _png_path(args.out))
     dist.destroy_process_group()
@@ -445,8 +390,8 @@ def _mode_summary(mode: str, rows: list[dict[str, Any]]) -> list[str]:
     picks = ", ".join(f"{k} x{n}" for k, n in collections.Counter(worst["picks"]).most_common())
     lines = [
         f"  pick loss vs best (goal <= {PICK_LOSS_GOAL_PCT:g}%): worst {worst['worst_pick_loss_pct']:.1f}% "
-        f"at {_size(worst['bytes'])} (picks {picks}; best {worst['best']}) "
-        f"-> {_verdict(worst['worst_pick_loss_pct'] <= PICK_LOSS_GOAL_PCT)}"
+        f"at {size_label(worst['bytes'])} (picks {picks}; best {worst['best']}) "
+        f"-> {verdict(worst['worst_pick_loss_pct'] <= PICK_LOSS_GOAL_PCT)}"
     ]
     errors = [
         (abs(err), err, r["bytes"], k)
@@ -456,39 +401,37 @@ def _mode_summary(mode: str, rows: list[dict[str, Any]]) -> list[str]:
     ]
     if errors:
         _, err, nbytes, key = max(errors)
-        goal = _verdict(abs(err) <= MEASURED_ERR_GOAL_PCT) if mode == "graph" else "no goal in eager mode"
+        met = abs(err) <= MEASURED_ERR_GOAL_PCT
+        goal = verdict(met) if mode == "graph" else "no goal in eager mode"
         lines.append(
             f"  measured vs truth, choices >= {MEASURED_MIN_US:g} us (goal within "
-            f"{MEASURED_ERR_GOAL_PCT:g}%): worst {err:+.1f}% ({key} at {_size(nbytes)}) -> {goal}"
+            f"{MEASURED_ERR_GOAL_PCT:g}%): worst {err:+.1f}% ({key} at {size_label(nbytes)}) "
+            f"-> {goal}"
         )
-    lines.append("  autotune ms per op: " + ", ".join(f"{_size(r['bytes'])} {r['autotune_ms']:.1f}" for r in rows))
+    per_op = ", ".join(f"{size_label(r['bytes'])} {r['autotune_ms']:.1f}" for r in rows)
+    lines.append("  autotune ms per op: " + per_op)
     for label, applies, goal_ms in AUTOTUNE_GOALS_MS:
         at = [r["autotune_ms"] for r in rows if applies(r["bytes"])]
         if at:
-            lines.append(f"    goal <= {goal_ms:g} ms at {label}: worst {max(at):.1f} -> {_verdict(max(at) <= goal_ms)}")
+            lines.append(f"    goal <= {goal_ms:g} ms at {label}: worst {max(at):.1f} "
+                         f"-> {verdict(max(at) <= goal_ms)}")
     separated = [r for r in rows if (r["runner_up_gap_pct"] or 0) >= FLIP_GAP_PCT]
     if separated:
         flips = sum(r["flips"] for r in separated)
         tunings = sum(len(r["picks"]) for r in separated)
-        where = ", ".join(f"{_size(r['bytes'])} {r['flips']}" for r in separated if r["flips"]) or "none"
+        where = ", ".join(
+            f"{size_label(r['bytes'])} {r['flips']}" for r in separated if r["flips"]
+        ) or "none"
         lines.append(
             f"  flips where best and runner-up differ by >= {FLIP_GAP_PCT:g}% (goal <= {FLIP_GOAL:.0%}): "
             f"{flips} of {tunings} tunings at {len(separated)} sizes (where: {where}) "
-            f"-> {_verdict(flips <= FLIP_GOAL * tunings)}"
+            f"-> {verdict(flips <= FLIP_GOAL * tunings)}"
         )
     return lines
 
 
 def _mode_truth(row: dict[str, Any]) -> dict[str, float]:
     return row["truth_us"] if row["mode"] == "graph" else row["truth_eager_us"]
-
-
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT MET"
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
 
 
 def _png_path(json_path: str) -> str:
@@ -520,7 +463,7 @@ def plot(result: dict[str, Any], png_path: str) -> None:
                             textcoords="offset points", xytext=(0, 12), ha="center", fontsize=7)
         ax.plot([], [], "s", mfc="none", mec="black", ms=12, label="our pick (most frequent)")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [_size(b) for b in sizes], rotation=45, fontsize=8)
+        ax.set_xticks(sizes, [size_label(b) for b in sizes], rotation=45, fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("message size")
         ax.set_ylabel("µs per all-reduce (slowest rank)")

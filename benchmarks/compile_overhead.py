@@ -41,18 +41,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from common import header, init_process_group, REPO, timed_call, write_json  # benchmarks/
+from examples.tp_allreduce import ops
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from examples.tp_allreduce import ops  # noqa: E402
 
-
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS_DIR = str(REPO / "benchmarks" / "results")
 RUNS = (("untuned", "cold"), ("untuned", "warm"), ("tuned", "cold"), ("tuned", "warm"))
 # The sweep's three on GPUs (benchmarks/allreduce_sweep.py); the op's own is always added.
 GPU_IMPLEMENTATIONS = ("one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot")
@@ -153,10 +152,10 @@ def run_job(args: argparse.Namespace) -> None:
         mode=None if model_cfg.mode == "default" else model_cfg.mode,
     )
     with torch.no_grad():
-        first_s, out = timed_call(compiled, x, device)
+        first_s, out = timed_call(compiled, x)
         # Before the next call: under CUDA graphs it may reuse the output's memory.
         output_sha256 = hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
-        second_s, _ = timed_call(compiled, x, device)
+        second_s, _ = timed_call(compiled, x)
     mine = {
         "rank": rank,
         "first_call_s": first_s,
@@ -172,41 +171,16 @@ def run_job(args: argparse.Namespace) -> None:
         part = {
             "variant": args.variant,
             "phase": args.phase,
-            "device": device_name(device),
-            "world_size": world,
-            "torch": torch.__version__,
+            **header(device),
             "model": dataclasses.asdict(model_cfg),
             "per_rank": per_rank,
         }
-        with open(args.out, "w") as f:
-            json.dump(part, f, indent=1)
+        write_json(args.out, part)
     dist.destroy_process_group()
-
-
-def init_process_group(device_type: str) -> torch.device:
-    if device_type == "cpu":
-        dist.init_process_group("gloo")
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    return device
 
 
 def implementations(device_type: str) -> tuple[str, ...]:
     return GPU_IMPLEMENTATIONS if device_type == "cuda" else ops.CPU_IMPLEMENTATIONS
-
-
-def timed_call(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device
-) -> tuple[float, torch.Tensor]:
-    """Wall time of one call, all ranks starting together and its device work included."""
-    dist.barrier()
-    start = time.perf_counter()
-    out = fn(x)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, out
 
 
 def cache_counters() -> dict[str, int]:
@@ -251,10 +225,6 @@ def short_winner(label: str, names: tuple[str, ...]) -> str:
     return label if label in names else "default"
 
 
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (gloo)"
-
-
 # -- the driver ------------------------------------------------------------------------
 
 
@@ -279,8 +249,7 @@ def run_all(args: argparse.Namespace) -> None:
     result = merge(parts, model_cfg)
     tag = machine_tag(result) + ("_dynamic" if model_cfg.dynamic else "")
     out = args.out or os.path.join(RESULTS_DIR, f"compile_overhead_{tag}.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(out, result)
     print(summary(result))
     print(f"results: {out}")
 
@@ -317,9 +286,8 @@ def merge(parts: dict[str, dict[str, Any]], model_cfg: ModelConfig) -> dict[str,
             w["output_sha256"] == c["output_sha256"] for w, c in zip(warm["per_rank"], cold["per_rank"])
         )
     return {
-        "device": first["device"],
-        "world_size": first["world_size"],
-        "torch": first["torch"],
+        # Each job's header; the jobs run one checkout on one machine.
+        **{key: first[key] for key in ("device", "world_size", "torch", "commit")},
         "layers": model_cfg.layers,
         "hidden": model_cfg.hidden,
         "tokens": model_cfg.tokens,
@@ -408,7 +376,7 @@ def same_winners(cold: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
 
 def machine_tag(result: dict[str, Any]) -> str:
     """gloo2, h200x2, h200x4, ...: the GPU model from its name ("NVIDIA H200")."""
-    if result["device"].startswith("cpu"):
+    if result["device"].lower().startswith("cpu"):  # "cpu (gloo)" before the shared header
         return f"gloo{result['world_size']}"
     model = re.search(r"\b([A-Z]+\d+)\b", result["device"])
     return f"{model.group(1).lower() if model else 'gpu'}x{result['world_size']}"

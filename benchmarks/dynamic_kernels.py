@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 
 import torch
 from torch._inductor.utils import run_and_get_code
 from torch.profiler import ProfilerActivity, profile
+
+from common import header, write_json  # benchmarks/, the script's own directory
 
 
 HIDDEN = 4096
@@ -118,7 +119,7 @@ def main() -> None:
             })
     by = {(r["compile"], r["tokens"]): r["step_device_us"] for r in rows}
     result = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "hidden": HIDDEN,
+        **header(torch.device("cuda", torch.cuda.current_device())), "hidden": HIDDEN,
         "layers": LAYERS, "compile_tokens": COMPILE_TOKENS, "rows": rows,
         "int64_kernels": wide,
         "dynamic_loss_pct": {
@@ -126,9 +127,7 @@ def main() -> None:
             for compile_ in COMPILES if compile_ != "static"
         },
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(args.out, result)
     print(json.dumps(result["dynamic_loss_pct"]))
     print("kernels indexing in 64 bits:", json.dumps(wide))
     for r in rows:

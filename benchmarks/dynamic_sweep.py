@@ -48,27 +48,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
-import sys
 import time
 from typing import Any, Optional, Sequence
 
-# Every tuning must start from fresh state (see allreduce_sweep.py). Set before torch
-# reads its config.
-os.environ["TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST"] = "0"
-os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+import common  # benchmarks/, the script's own directory
+
+
+# Every tuning starts from fresh state.
+common.fresh_state()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch._inductor import config as inductor_config, list_mode_options  # noqa: E402
+from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.kernel.collective_autotuning import collective_autotune_records  # noqa: E402
 
-import allreduce_sweep as sweep  # noqa: E402  (benchmarks/, the script's own directory)
-
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import allreduce_sweep as sweep  # noqa: E402
+from common import (  # noqa: E402
+    assert_close_sum, CountedInductor, finite, first_call_s, group_max, header,
+    init_process_group, pct, rank_randn, rounded, size_label, token_input, verdict, write_json,
+)
 from examples.tp_allreduce import ops  # noqa: E402
 from examples.tp_allreduce.demo import TPBlock  # noqa: E402
 
@@ -122,35 +121,9 @@ BENCHES = {
 # -- one mode: a compile, a call at every size ------------------------------------------
 
 
-def sample_input(bench: Bench, tokens: int, device: torch.device) -> torch.Tensor:
-    gen = torch.Generator(device).manual_seed(dist.get_rank())  # ranks differ: the sum shows
-    return torch.randn(tokens, bench.hidden, generator=gen, device=device, dtype=bench.dtype)
-
-
-def token_input(bench: Bench, tokens: int, device: torch.device) -> torch.Tensor:
-    """The block's input, its token dimension dynamic (the truths' inputs stay static).
-    ``maybe_mark_dynamic``: a specialisation shows as a recompile in the results (the
-    goal then fails) rather than as an error that ends the run."""
-    x = sample_input(bench, tokens, device)
-    torch._dynamo.maybe_mark_dynamic(x, 0)
-    return x
-
-
-class CountedInductor:
-    """Inductor as ``torch.compile(mode=...)`` runs it, counting the graphs it compiles.
-
-    CompileCounterWithBackend("inductor") takes no mode, and Dynamo's
-    counters["stats"]["unique_graphs"] also counts the graph Dynamo traces for the size
-    dispatch's torch.cond while Inductor lowers it: 2 for one compile.
-    """
-
-    def __init__(self, mode: str) -> None:
-        self.options = list_mode_options("reduce-overhead" if mode == "graph" else "default")
-        self.compiles = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        self.compiles += 1
-        return torch._inductor.compile(gm, list(example_inputs), options=self.options)
+def block_input(bench: Bench, tokens: int, device: torch.device) -> torch.Tensor:
+    """The block's input, its token dimension dynamic (the truths' inputs stay static)."""
+    return token_input(tokens, bench.hidden, bench.dtype, device, dynamic=True)
 
 
 def compile_block(
@@ -162,23 +135,6 @@ def compile_block(
     block = TPBlock(bench.hidden, bench.ffn, group, device).to(bench.dtype).requires_grad_(False)
     backend = CountedInductor(mode)
     return block, torch.compile(block, backend=backend, fullgraph=True), backend
-
-
-def compile_seconds(compiled: Any, x: torch.Tensor) -> float:
-    """The first call's wall time less a later call's, slowest rank. In graph mode the
-    second call records the CUDA graph and the third replays it: the faster counts."""
-    first, *later = (timed_call(compiled, x) for _ in range(3))
-    (seconds,) = sweep.group_max([first - min(later)], x.device)
-    return seconds
-
-
-def timed_call(fn: Any, x: torch.Tensor) -> float:
-    sweep.barrier(x.device)
-    start = time.perf_counter()
-    fn(x)
-    if x.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def observed_call(compiled: Any, x: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
@@ -241,14 +197,14 @@ def ladder_of(records: Sequence[Any], group_name: str, device: torch.device) -> 
         )
     mine = [[getattr(r, field) for field in _SECONDS] for _, _, r in own]
     # Every rank has the same ranges in this order: one MAX all-reduce for all seconds.
-    *slowest, total, waited = sweep.group_max(
+    *slowest, total, waited = group_max(
         [*(s for per_range in mine for s in per_range), sum(map(sum, mine)), max(r.waited_s for _, _, r in own)],
         device,
     )
     ranges = [
         LadderRange(
             start, end, r.winner, r.source,
-            measured_us={t.name: sweep._finite(t.max_us) for t in r.timings},
+            measured_us={t.name: finite(t.max_us) for t in r.timings},
             seconds=dict(zip(_SECONDS, slowest[i * len(_SECONDS):(i + 1) * len(_SECONDS)])),
         )
         for i, (start, end, r) in enumerate(own)
@@ -260,14 +216,13 @@ def size_row(
     bench: Bench, mode: str, tokens: int, block: Any, compiled: Any, ladder: Sequence[LadderRange],
     truth: dict[str, float], device: torch.device,
 ) -> dict[str, Any]:
-    x = token_input(bench, tokens, device)
+    x = block_input(bench, tokens, device)
     out, observed = observed_call(compiled, x)
     if mode == "graph":  # the CUDA graph recorded, then replayed
         compiled(x)
         out = compiled(x)
     reference = block(x)
-    tol = 3e-2 if bench.dtype == torch.bfloat16 else 1e-4  # the sum's order differs by implementation
-    torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+    assert_close_sum(out, reference)
     ran = next(r.winner for r in ladder if r.holds(tokens))
     best = min(truth, key=truth.get)
     return {
@@ -277,7 +232,7 @@ def size_row(
         "observed": observed,
         "truth_us" if mode == "graph" else "truth_eager_us": truth,
         "best": best,
-        "loss_pct": sweep._pct(truth[ran], truth[best]),
+        "loss_pct": pct(truth[ran], truth[best]),
     }
 
 
@@ -287,7 +242,7 @@ def warm_compile(bench: Bench, device: torch.device) -> None:
     for the untuned and the tuned compile alike, and their difference is the ladder's."""
     _, compiled, _ = compile_block(bench, dist.group.WORLD, "eager", device)
     with inductor_config.patch(collective_autotune=False):
-        compiled(token_input(bench, COMPILE_TOKENS, device))
+        compiled(block_input(bench, COMPILE_TOKENS, device))
 
 
 def run_mode(
@@ -295,15 +250,15 @@ def run_mode(
     truths: dict[int, dict[str, float]], device: torch.device, rank0: bool,
 ) -> dict[str, Any]:
     """Untuned and tuned compiles of the block in ``mode``, then the tuned one at every size."""
-    x = token_input(bench, COMPILE_TOKENS, device)
+    x = block_input(bench, COMPILE_TOKENS, device)
     _, untuned, _ = compile_block(bench, groups["untuned"], mode, device)
     with inductor_config.patch(collective_autotune=False):
-        untuned_s = compile_seconds(untuned, x)
+        untuned_s = first_call_s(untuned, x)
 
     block, compiled, backend = compile_block(bench, groups["tuned"], mode, device)
     group_name = groups["tuned"].group_name
     first_record = len(collective_autotune_records())
-    tuned_s = compile_seconds(compiled, x)
+    tuned_s = first_call_s(compiled, x)
     ladder = ladder_of(collective_autotune_records()[first_record:], group_name, device)
     if rank0:
         print(f"[{mode}] compiled in {tuned_s:.2f} s (untuned {untuned_s:.2f} s); ladder: "
@@ -312,8 +267,8 @@ def run_mode(
     for tokens in bench.tokens:
         rows.append(size_row(bench, mode, tokens, block, compiled, ladder.ranges, truths[tokens], device))
         if rank0:
-            print(f"[{mode}] {json.dumps(sweep._rounded(rows[-1]))}", flush=True)
-    return sweep._rounded({
+            print(f"[{mode}] {json.dumps(rounded(rows[-1]))}", flush=True)
+    return rounded({
         "rows": rows,
         "ladder": [dataclasses.asdict(r) | {"end": _end(r.end)} for r in ladder.ranges],
         "tuner_modes": ladder.modes,
@@ -341,20 +296,20 @@ def measure_truths(bench: Bench, setup: sweep.Setup, rank0: bool) -> dict[str, d
     """Per mode and size, every implementation's slowest-rank µs per call, compiled alone."""
     truths: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in bench.modes}
     for tokens in bench.tokens:
-        x = sample_input(bench, tokens, setup.device)
+        x = rank_randn((tokens, bench.hidden), bench.dtype, setup.device)
         graph, eager = sweep.measure_truth(setup, x)
         for mode, truth in (("graph", graph), ("eager", eager)):
             if mode in truths:
                 truths[mode][tokens] = truth
         if rank0:
-            print(f"truth {tokens} tokens ({sweep._size(x.numel() * x.element_size())}): "
-                  f"graph {sweep._rounded(graph)}, eager {sweep._rounded(eager)}", flush=True)
+            print(f"truth {tokens} tokens ({size_label(x.numel() * x.element_size())}): "
+                  f"graph {rounded(graph)}, eager {rounded(eager)}", flush=True)
     return truths
 
 
 def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    device = sweep.init(args.device)
+    device = init_process_group(args.device)
     bench = BENCHES[args.device]
     ops.register(bench.implementations)
     # One graph for every size, 1 included (the module's docstring says why).
@@ -380,9 +335,7 @@ def run(args: argparse.Namespace) -> None:
     truths = measure_truths(bench, setup, rank0)
     warm_compile(bench, device)
     result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)",
-        "world_size": world,
-        "torch": torch.__version__,
+        **header(device),
         "dtype": str(bench.dtype).removeprefix("torch."),
         "hidden": bench.hidden,
         "ffn": bench.ffn,
@@ -393,9 +346,7 @@ def run(args: argparse.Namespace) -> None:
     }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     if rank0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(summary(result), flush=True)
     dist.destroy_process_group()
 
@@ -422,8 +373,9 @@ def summary(result: dict[str, Any]) -> str:
             times = ", ".join(f"{k} {v:.1f}" for k, v in truth.items())
             mismatch = "" if row["observed"] == [row["ran"]] else f" (profiler saw {row['observed'] or 'none'})"
             lines.append(
-                f"  {row['tokens']:>6} tokens {sweep._size(row['bytes']):>8}: ran {row['ran']}{mismatch}, "
-                f"best {row['best']}, loss {row['loss_pct']:+.1f}%  [{truth_key}: {times}]"
+                f"  {row['tokens']:>6} tokens {size_label(row['bytes']):>8}: ran {row['ran']}"
+                f"{mismatch}, best {row['best']}, loss {row['loss_pct']:+.1f}%  "
+                f"[{truth_key}: {times}]"
             )
         worst = max(m["rows"], key=lambda r: r["loss_pct"])
         goal = LOSS_GOAL_PCT[mode]
@@ -432,17 +384,17 @@ def summary(result: dict[str, Any]) -> str:
         ]
         lines += [
             f"  loss vs best (goal <= {goal:g}%): worst {worst['loss_pct']:.1f}% at {worst['tokens']} tokens "
-            f"-> {sweep._verdict(worst['loss_pct'] <= goal)}",
+            f"-> {verdict(worst['loss_pct'] <= goal)}",
             f"  profiler: one all-reduce per call, the winner's (tuner timed as {', '.join(m['tuner_modes'])}): "
             f"{'as expected' if not unexpected else 'not at ' + ', '.join(unexpected) + ' tokens'} "
-            f"-> {sweep._verdict(not unexpected)}",
+            f"-> {verdict(not unexpected)}",
             f"  compiles over the sweep: {m['compiles']} (goal: 1, no recompiles) "
-            f"-> {sweep._verdict(m['recompiles'] == 0)}",
+            f"-> {verdict(m['recompiles'] == 0)}",
             f"  extra compile time (tuned {m['compile_s']['tuned']:.2f} s - untuned "
             f"{m['compile_s']['untuned']:.2f} s; goal <= {LADDER_GOAL_S:g} s per op): "
-            f"{m['extra_compile_s']:.2f} s -> {sweep._verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}",
+            f"{m['extra_compile_s']:.2f} s -> {verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}",
             f"  ladder records, build_s + tuning_s: {m['ladder_s']:.2f} s (waiting for the group "
-            f"{m['ladder_waited_s']:.2f} s of it) -> {sweep._verdict(m['ladder_s'] <= LADDER_GOAL_S)}",
+            f"{m['ladder_waited_s']:.2f} s of it) -> {verdict(m['ladder_s'] <= LADDER_GOAL_S)}",
         ]
     lines.append(f"wall time from the process group's start: {result['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -23,7 +23,14 @@ default mode). Per mode:
   * static: the model compiled at each size alone, tuned by us (one compile per size);
   * alone: the model compiled once (dynamic) with each implementation written in
     (``one_all_reduce`` is the plain NCCL all-reduce a user would write; ``default``,
-    the op's own, is the model with ``collective_autotune=False``).
+    the op's own, is the model with ``collective_autotune=False``);
+  * table: the model compiled once (dynamic) with ``tp_demo::table_all_reduce`` written
+    in, which picks at run time by message size from vLLM's hand-set thresholds (the
+    symmetric-memory one-shot kernel standing for vLLM's custom all-reduce, two-shot up
+    to the table's limit for the world size, the op's own NCCL above; NCCL where the
+    table lists neither world size nor device), as serving engines pick their all-reduce.
+    Per size: its pick, and whether the tuned dynamic model is no slower than it (and
+    faster where its pick is not the best single implementation).
 
 Every variant is compiled and warmed up first; then each size's step is sampled
 round-robin over the variants (``ROUNDS`` samples of ``calls`` back-to-back calls each,
@@ -45,28 +52,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import statistics
-import sys
 import time
 from typing import Any, Callable, Sequence
 
+import common  # benchmarks/, the script's own directory
+
+
 # Every tuning starts from fresh state; compile times are those of a cold compile.
-os.environ["TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST"] = "0"
-os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "0"
-os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
+common.fresh_state()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
-from torch._inductor import config as inductor_config, list_mode_options  # noqa: E402
+from torch._inductor import config as inductor_config  # noqa: E402
 from torch._inductor.kernel.collective_autotuning import collective_autotune_records  # noqa: E402
 
-import allreduce_sweep as sweep  # noqa: E402  (benchmarks/, the script's own directory)
-
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from common import (  # noqa: E402
+    assert_close_sum, barrier, CountedInductor, first_call_s, group_max, header,
+    init_process_group, pct, rounded, size_label, token_input, verdict, write_json,
+)
 from examples.tp_allreduce import ops  # noqa: E402
 
 
@@ -131,43 +136,13 @@ class Stack(torch.nn.Module):
         return x
 
 
-class CountedInductor:
-    """Inductor as ``torch.compile(mode=...)`` runs it, counting the graphs it compiles."""
-
-    def __init__(self, mode: str) -> None:
-        self.options = list_mode_options("reduce-overhead" if mode == "graph" else "default")
-        self.compiles = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        self.compiles += 1
-        return torch._inductor.compile(gm, list(example_inputs), options=self.options)
-
-
-def token_input(bench: Bench, tokens: int, device: torch.device, dynamic: bool) -> torch.Tensor:
-    gen = torch.Generator(device).manual_seed(dist.get_rank())
-    x = torch.randn(tokens, bench.hidden, generator=gen, device=device, dtype=bench.dtype)
-    if dynamic:
-        torch._dynamo.maybe_mark_dynamic(x, 0)
-    return x
-
-
-def first_call_s(fn: Callable, x: torch.Tensor) -> float:
-    """The first call's wall time less the fastest of two later ones, slowest rank."""
-    times = []
-    for _ in range(3):
-        sweep.barrier(x.device)
-        start = time.perf_counter()
-        fn(x)
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    (seconds,) = sweep.group_max([times[0] - min(times[1:])], x.device)
-    return seconds
+def model_input(bench: Bench, tokens: int, device: torch.device, dynamic: bool) -> torch.Tensor:
+    return token_input(tokens, bench.hidden, bench.dtype, device, dynamic)
 
 
 def sample_us(fn: Callable, x: torch.Tensor, calls: int) -> float:
     """µs per call of ``calls`` back-to-back calls, this rank."""
-    sweep.barrier(x.device)
+    barrier(x.device)
     start = time.perf_counter()
     for _ in range(calls):
         fn(x)
@@ -200,15 +175,13 @@ def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, 
             eager = Stack(bench, layers, all_reduce, group.group_name, device)
             backends.append(CountedInductor(mode))
             model = torch.compile(eager, backend=backends[-1], fullgraph=True, dynamic=None if dynamic else False)
-            first = token_input(bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic)
+            first = model_input(bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic)
             variant.compile_s += first_call_s(model, first)
-        x = token_input(bench, tokens, device, dynamic)
+        x = model_input(bench, tokens, device, dynamic)
         for _ in range(3):  # in graph mode: warm-up, record, replay
             model(x)
         if check:
-            out, reference = model(x), eager(x)
-            tol = 3e-2 if bench.dtype == torch.bfloat16 else 1e-4
-            torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+            assert_close_sum(model(x), eager(x))
         variant.models[tokens] = model
     variant.compiles = sum(b.compiles for b in backends)
     variant.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips
@@ -219,12 +192,12 @@ def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.devi
     """Each variant's step at each size: the median of ``ROUNDS`` samples taken
     round-robin over the variants, slowest rank."""
     for tokens in bench.tokens:
-        x = token_input(bench, tokens, device, dynamic=False)
+        x = model_input(bench, tokens, device, dynamic=False)
         samples: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(ROUNDS):
             for name, v in variants.items():
                 samples[name].append(sample_us(v.models[tokens], x, bench.calls))
-        medians = sweep.group_max([statistics.median(samples[name]) for name in variants], device)
+        medians = group_max([statistics.median(samples[name]) for name in variants], device)
         for name, us in zip(variants, medians):
             variants[name].step_us[tokens] = us
 
@@ -237,7 +210,7 @@ def kernel_breakdown(bench: Bench, variants: dict[str, Variant], device: torch.d
 
     breakdown: dict[str, Any] = {}
     for t in bench.tokens:
-        x = token_input(bench, t, device, dynamic=False)
+        x = model_input(bench, t, device, dynamic=False)
         for name, v in variants.items():
             kernels = kernel_us(v.models[t], x)
             breakdown.setdefault(name, {})[t] = {"device_us": round(sum(kernels.values()), 1), "kernels_us": kernels}
@@ -290,31 +263,52 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         with inductor_config.patch(collective_autotune=name != "default"):
             variants[name] = compile_variant(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
                                              bench.tokens, True, False)
+    table_group = fresh_group()
+    variants["table"] = compile_variant(bench, mode, layers, ops.table_all_reduce, table_group,
+                                        device, bench.tokens, True, False)
+    table = ops.table_limits(table_group.size(), ops.device_capability(device))
     measure_steps(bench, variants, device)
     breakdown = kernel_breakdown(bench, variants, device) if kernels else None
     for name, variant in variants.items():
         log(name, variant)
 
     rows = []
+    singles = (*bench.implementations, "default")
     for tokens in bench.tokens:
-        others = {k: v.step_us[tokens] for k, v in variants.items() if k != "dynamic"}
+        # The table is no single-implementation compile: it is compared on its own below.
+        others = {k: v.step_us[tokens] for k, v in variants.items()
+                  if k not in ("dynamic", "table")}
         best = min(others, key=others.get)
         fastest = min(others.values())
         nccl = variants["one_all_reduce"].step_us[tokens]
         dynamic = variants["dynamic"].step_us[tokens]
+        nbytes = tokens * bench.hidden * torch.finfo(bench.dtype).bits // 8
+        table_pick = table.pick(nbytes)
+        single_us = {k: variants[k].step_us[tokens] for k in singles}
+        best_single = min(single_us, key=single_us.get)
+        table_pick_loss = pct(single_us[table_pick], single_us[best_single])
         rows.append({
             "tokens": tokens,
-            "bytes": tokens * bench.hidden * torch.finfo(bench.dtype).bits // 8,
+            "bytes": nbytes,
             "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
             "best": best,
-            "loss_pct": sweep._pct(dynamic, fastest),
-            "vs_nccl_pct": sweep._pct(dynamic, nccl),
+            "loss_pct": pct(dynamic, fastest),
+            "vs_nccl_pct": pct(dynamic, nccl),
             # Where another implementation beats plain NCCL by more than the noise of a step.
             "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT[mode] / 100),
+            "table_pick": table_pick,
+            "best_single": best_single,
+            # The pick's model against the best single-implementation model at this size.
+            "table_pick_loss_pct": table_pick_loss,
+            # Where the table's pick loses to another implementation by more than the noise.
+            "table_beaten": table_pick_loss > LOSS_GOAL_PCT[mode],
+            "vs_table_pct": pct(dynamic, variants["table"].step_us[tokens]),
         })
-    return sweep._rounded({
+    return rounded({
         "rows": rows,
         "ladder": ladder,
+        "table": {"world_size": table_group.size(), "capability": ops.device_capability(device),
+                  **dataclasses.asdict(table)},
         "compiles": {k: v.compiles for k, v in variants.items()},
         "cudagraph_skips": {k: v.cudagraph_skips for k, v in variants.items()},
         "recompiles": variants["dynamic"].compiles - 1,
@@ -328,7 +322,7 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
 
 def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    device = sweep.init(args.device)
+    device = init_process_group(args.device)
     bench = BENCHES[args.device]
     if args.tokens:
         bench = dataclasses.replace(bench, tokens=tuple(int(t) for t in args.tokens.split(",")))
@@ -341,9 +335,7 @@ def run(args: argparse.Namespace) -> None:
     inductor_config.collective_autotune_dynamic_max = bench.dynamic_max
     rank0 = dist.get_rank() == 0
     result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)",
-        "world_size": dist.get_world_size(),
-        "torch": torch.__version__,
+        **header(device),
         "dtype": str(bench.dtype).removeprefix("torch."),
         "hidden": bench.hidden,
         "layers": args.layers,
@@ -354,9 +346,7 @@ def run(args: argparse.Namespace) -> None:
     }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     if rank0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(summary(result), flush=True)
     dist.destroy_process_group()
 
@@ -370,27 +360,49 @@ def summary(result: dict[str, Any]) -> str:
     for mode, m in result["modes"].items():
         goal = LOSS_GOAL_PCT[mode]
         lines.append(f"[{mode}] ladder: {', '.join(f'{r} {w} ({s})' for r, w, s in m['ladder'])}")
+        t = m["table"]
+        if t["two_shot_below"] or t["symm_mem_up_to"]:
+            picks = (f"one-shot below {size_label(t['one_shot_below'])}, two-shot below "
+                     f"{size_label(t['two_shot_below'])} and up to "
+                     f"{size_label(t['symm_mem_up_to'])}, NCCL (the op's own) above")
+        else:
+            picks = "not listed, NCCL (the op's own) at every size"
+        lines.append(f"[{mode}] table (vLLM's) on {t['world_size']} ranks of capability "
+                     f"{t['capability'] or 'none (CPU)'}: {picks}")
         for row in m["rows"]:
             steps = ", ".join(f"{k} {v:.1f}" for k, v in row["step_us"].items())
             lines.append(
                 f"  {row['tokens']:>6} tokens: dynamic {row['step_us']['dynamic']:.1f} us, best {row['best']} "
-                f"-> {row['loss_pct']:+.1f}%, vs NCCL {row['vs_nccl_pct']:+.1f}%  [{steps}]"
+                f"-> {row['loss_pct']:+.1f}%, vs NCCL {row['vs_nccl_pct']:+.1f}%, vs table "
+                f"{row['vs_table_pct']:+.1f}% (picks {row['table_pick']}, "
+                f"{row['table_pick_loss_pct']:+.1f}% vs {row['best_single']})  [{steps}]"
             )
         worst = max(m["rows"], key=lambda r: r["loss_pct"])
         slower = [r["tokens"] for r in m["rows"] if r["nccl_beaten"] and r["vs_nccl_pct"] >= 0]
+        worst_table = max(m["rows"], key=lambda r: r["vs_table_pct"])
+        table_wins = [r["tokens"] for r in m["rows"]
+                      if r["table_beaten"] and r["vs_table_pct"] >= 0]
+        beaten = [r["tokens"] for r in m["rows"] if r["table_beaten"]]
         skips = sum(m["cudagraph_skips"].values())
         lines += [
             f"  step within {goal:g}% of the best static or single-implementation compile: worst "
-            f"{worst['loss_pct']:+.1f}% at {worst['tokens']} tokens -> {sweep._verdict(worst['loss_pct'] <= goal)}",
+            f"{worst['loss_pct']:+.1f}% at {worst['tokens']} tokens "
+            f"-> {verdict(worst['loss_pct'] <= goal)}",
             f"  faster than plain NCCL wherever another implementation is: "
-            f"{'yes' if not slower else 'not at ' + str(slower)} -> {sweep._verdict(not slower)}",
-            f"  cudagraph skips {m['cudagraph_skips']} -> {sweep._verdict(skips == 0)}; recompiles of the "
-            f"dynamic compile {m['recompiles']} -> {sweep._verdict(m['recompiles'] == 0)}",
+            f"{'yes' if not slower else 'not at ' + str(slower)} -> {verdict(not slower)}",
+            f"  no slower than the table (within {goal:g}%): worst "
+            f"{worst_table['vs_table_pct']:+.1f}% at {worst_table['tokens']} tokens "
+            f"-> {verdict(worst_table['vs_table_pct'] <= goal)}",
+            f"  faster than the table where its pick is not the best single implementation (at "
+            f"{beaten or 'no size'}): {'yes' if not table_wins else 'not at ' + str(table_wins)} "
+            f"-> {verdict(not table_wins)}",
+            f"  cudagraph skips {m['cudagraph_skips']} -> {verdict(skips == 0)}; recompiles of the "
+            f"dynamic compile {m['recompiles']} -> {verdict(m['recompiles'] == 0)}",
             f"  extra compile of the ladder (tuned {m['compile_s']['dynamic_tuned']:.2f} s - untuned "
             f"{m['compile_s']['dynamic_untuned']:.2f} s; goal <= {LADDER_GOAL_S:g} s per op): "
-            f"{m['extra_compile_s']:.2f} s -> {sweep._verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}; "
+            f"{m['extra_compile_s']:.2f} s -> {verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}; "
             f"again with the benchmark's kernels compiled: {m['extra_compile_again_s']:.2f} s -> "
-            f"{sweep._verdict(m['extra_compile_again_s'] <= LADDER_GOAL_S)}",
+            f"{verdict(m['extra_compile_again_s'] <= LADDER_GOAL_S)}",
         ]
     lines.append(f"wall time: {result['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -5,9 +5,15 @@ Its implementations cost genuinely different amounts: one all-reduce; a
 reduce-scatter followed by an all-gather; the same all-reduce cut into chunks; and,
 on CUDA, the symmetric-memory one-shot and two-shot kernels (as opaque ops that own
 their symmetric buffers, the way production custom all-reduces integrate).
+
+``tp_demo::table_all_reduce(x, group_name)`` is the same sum picked as serving engines
+pick it: by message size, from thresholds written in by hand (vLLM's, below).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -109,6 +115,111 @@ IMPLEMENTATIONS = {
     "symm_mem_two_shot": CustomOpConfig(symm_mem_two_shot),
 }
 CPU_IMPLEMENTATIONS = ("one_all_reduce", "reduce_scatter_all_gather", "chunked_all_reduce")
+
+
+# -- a hand-set threshold table, as serving engines pick their all-reduce ----------------
+
+KiB, MiB = 1 << 10, 1 << 20
+# vLLM's limits in bytes, per compute capability and world size, as of vllm-project/vllm
+# commit 00d618a, vllm/distributed/device_communicators/all_reduce_utils.py (SGLang copies
+# them into python/sglang/srt/distributed/device_communicators/all_reduce_utils.py): its
+# custom all-reduce runs below CUSTOM_ALL_REDUCE_MAX_SIZES, torch symmetric memory up to
+# SYMM_MEM_ALL_REDUCE_MAX_SIZES, NCCL above.
+CUSTOM_ALL_REDUCE_MAX_SIZES: dict[str, dict[int, int]] = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 512 * KiB, 8: 256 * KiB},
+    "10.0": {2: 2 * MiB, 4: 2 * MiB, 6: 1 * MiB, 8: 1 * MiB},
+    "10.3": {2: 4 * MiB, 4: 4 * MiB, 6: 8 * MiB, 8: 4 * MiB},
+}
+SYMM_MEM_ALL_REDUCE_MAX_SIZES: dict[str, dict[int, int]] = {
+    "9.0": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+    "10.0": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB},
+    "10.3": {2: 4 * MiB, 4: 32 * MiB, 6: 32 * MiB, 8: 64 * MiB},
+}
+# vLLM's custom all-reduce (custom_all_reduce.py) allocates an 8 MiB buffer, which the
+# table above only lowers, and takes 2, 4, 6 or 8 ranks (NVLink-connected beyond 2).
+CUSTOM_ALL_REDUCE_BUFFER = 8 * MiB
+CUSTOM_ALL_REDUCE_WORLD_SIZES = (2, 4, 6, 8)
+# The op's own implementation (clone + dist.all_reduce: NCCL on GPUs), named as the
+# benchmarks name it.
+OWN = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableLimits:
+    """Where vLLM's dispatch changes implementation, for one world size and device, in
+    bytes: one-shot below ``one_shot_below``, two-shot below ``two_shot_below`` (its custom
+    all-reduce's second stage) and up to ``symm_mem_up_to`` (torch symmetric memory), the
+    op's own NCCL above. Zeros: NCCL at every size."""
+
+    one_shot_below: int
+    two_shot_below: int
+    symm_mem_up_to: int
+
+    def pick(self, nbytes: int) -> str:
+        """The implementation for an all-reduce of ``nbytes``."""
+        if nbytes < self.one_shot_below:
+            return "symm_mem_one_shot"
+        if nbytes < self.two_shot_below or nbytes <= self.symm_mem_up_to:
+            return "symm_mem_two_shot"
+        return OWN
+
+
+def table_limits(world_size: int, capability: Optional[str]) -> TableLimits:
+    """vLLM's limits for ``world_size`` GPUs of compute ``capability`` ("9.0"; None: no
+    GPU), with symmetric memory on (VLLM_ALLREDUCE_USE_SYMM_MEM, its default).
+
+    Where the table lists no limit vLLM falls back as here: its custom all-reduce keeps
+    its buffer's size (any other capability of 2, 4, 6 or 8 ranks) and symmetric memory
+    is off; NCCL alone on one rank, other rank counts and CPUs. vLLM's symmetric-memory
+    path takes bf16 only (the serving model's dtype on GPUs) and needs NVLink multicast,
+    which the machines here keep off; on 4, 6 or 8 ranks of 9.0 (6 or 8 of 10.x) it runs
+    the multimem kernel. The limits are kept as written, two-shot running up to them.
+    """
+    if capability is None or world_size not in CUSTOM_ALL_REDUCE_WORLD_SIZES:
+        return TableLimits(0, 0, 0)
+    listed = CUSTOM_ALL_REDUCE_MAX_SIZES.get(capability, {})
+    custom_below = min(listed.get(world_size, CUSTOM_ALL_REDUCE_BUFFER), CUSTOM_ALL_REDUCE_BUFFER)
+    # Its kernel (csrc/custom_all_reduce.cuh) is one-shot (one stage: each rank reads every
+    # peer's buffer) on 2 ranks, on up to 4 below 512 KiB and on up to 8 below 256 KiB;
+    # two-shot (reduce-scatter, then all-gather) above. vLLM's custom all-reduce is thus
+    # played here by torch's symmetric-memory one-shot and two-shot kernels.
+    if world_size == 2:
+        one_stage_below = custom_below
+    else:
+        one_stage_below = 512 * KiB if world_size <= 4 else 256 * KiB
+    return TableLimits(
+        one_shot_below=min(one_stage_below, custom_below),
+        two_shot_below=custom_below,
+        symm_mem_up_to=SYMM_MEM_ALL_REDUCE_MAX_SIZES.get(capability, {}).get(world_size, 0),
+    )
+
+
+def device_capability(device: torch.device) -> Optional[str]:
+    """``device``'s compute capability as vLLM's table keys it ("9.0"); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return "{}.{}".format(*torch.cuda.get_device_capability(device))
+
+
+TABLE_IMPLEMENTATIONS: dict[str, Callable[[torch.Tensor, str], torch.Tensor]] = {
+    "symm_mem_one_shot": symm_mem_one_shot,
+    "symm_mem_two_shot": symm_mem_two_shot,
+    OWN: all_reduce,
+}
+
+
+@torch.library.custom_op("tp_demo::table_all_reduce", mutates_args=())
+def table_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """``x`` summed over the group by the implementation the table picks for its size,
+    at every call (under CUDA graphs: when the graph is recorded, as in vLLM)."""
+    world_size = torch._C._distributed_c10d._resolve_process_group(group_name).size()
+    limits = table_limits(world_size, device_capability(x.device))
+    return TABLE_IMPLEMENTATIONS[limits.pick(x.numel() * x.element_size())](x, group_name)
+
+
+@table_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def register(names: tuple[str, ...]) -> None:

@@ -1,0 +1,115 @@
+"""The hand-set threshold table that benchmarks/serving_step.py races the tuner against.
+
+``tp_demo::table_all_reduce`` (examples/tp_allreduce/ops.py) picks its implementation by
+message size from vLLM's limits, as a serving engine does. Checked here: the pick per
+world size, compute capability and size, on both sides of every limit, against the
+implementations vLLM documents; and on real process groups, that the op sums as a plain
+all-reduce does on both sides of each limit, running the implementation it picked.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from collective_harness import assert_all_ok, DEVICES, Rank, run_ranks
+from examples.tp_allreduce import ops as tp_ops
+
+
+KiB, MiB = 1 << 10, 1 << 20
+ONE, TWO, NCCL = "symm_mem_one_shot", "symm_mem_two_shot", "default"
+
+# Per (world size, compute capability): (bytes, implementation), written out from vLLM's
+# tables and kernels rather than derived from the op's code: its custom all-reduce (one
+# stage on 2 ranks, else below 512 KiB on 4 and 256 KiB on 6 or 8; two stages above) below
+# min(CUSTOM_ALL_REDUCE_MAX_SIZES, 8 MiB), symmetric memory up to
+# SYMM_MEM_ALL_REDUCE_MAX_SIZES, NCCL above.
+DOCUMENTED: dict[tuple[int, str | None], list[tuple[int, str]]] = {
+    # Hopper, 2 ranks: custom all-reduce below 8 MiB (its buffer), symmetric memory to 64 MiB.
+    (2, "9.0"): [(1, ONE), (8 * MiB - 1, ONE), (8 * MiB, TWO), (64 * MiB, TWO),
+                 (64 * MiB + 1, NCCL)],
+    # 4 ranks: one stage below 512 KiB, two below 8 MiB, symmetric memory to 32 MiB.
+    (4, "9.0"): [(512 * KiB - 1, ONE), (512 * KiB, TWO), (8 * MiB, TWO), (32 * MiB, TWO),
+                 (32 * MiB + 1, NCCL)],
+    # 6 ranks: one stage below 256 KiB, custom all-reduce below 512 KiB, then to 64 MiB.
+    (6, "9.0"): [(256 * KiB - 1, ONE), (256 * KiB, TWO), (512 * KiB, TWO), (64 * MiB, TWO),
+                 (64 * MiB + 1, NCCL)],
+    # 8 ranks: custom all-reduce below 256 KiB (one stage), symmetric memory to 64 MiB.
+    (8, "9.0"): [(256 * KiB - 1, ONE), (256 * KiB, TWO), (64 * MiB, TWO), (64 * MiB + 1, NCCL)],
+    # Blackwell, 2 ranks: custom all-reduce below 2 MiB, symmetric memory to 8 MiB.
+    (2, "10.0"): [(2 * MiB - 1, ONE), (2 * MiB, TWO), (8 * MiB, TWO), (8 * MiB + 1, NCCL)],
+    # A capability the table does not list: the custom all-reduce alone, then NCCL.
+    (2, "8.0"): [(8 * MiB - 1, ONE), (8 * MiB, NCCL)],
+    # World sizes and devices it does not list: NCCL at every size.
+    (1, "9.0"): [(1, NCCL), (64 * MiB, NCCL)],
+    (3, "9.0"): [(1, NCCL)],
+    (16, "9.0"): [(1, NCCL)],
+    (2, None): [(1, NCCL), (64 * MiB, NCCL)],
+}
+
+
+@pytest.mark.parametrize(
+    "world_size, capability, nbytes, implementation",
+    [(*where, *pick) for where, picks in DOCUMENTED.items() for pick in picks],
+)
+def test_table_picks_what_vllm_runs(world_size, capability, nbytes, implementation):
+    assert tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
+
+
+def sizes_around(limits: tp_ops.TableLimits, element_size: int) -> list[int]:
+    """Message sizes in bytes, whole elements, on both sides of each of ``limits``."""
+    below = {limits.one_shot_below, limits.two_shot_below} - {0}
+    sizes = {n for limit in below for n in (limit - element_size, limit)}
+    if limits.symm_mem_up_to:
+        sizes |= {limits.symm_mem_up_to, limits.symm_mem_up_to + element_size}
+    return sorted(sizes)
+
+
+def table_body(r: Rank) -> list[tuple[int, list[str]]]:
+    """Each size's implementations that ran, after checking the op's sum at that size."""
+    capability = tp_ops.device_capability(r.device)
+    # On CPU the table lists no device: the sizes are those of 2 Hopper GPUs.
+    limits = tp_ops.table_limits(r.world_size, capability or "9.0")
+    ran: list[str] = []
+
+    def recorded(name: str):
+        implementation = tp_ops.TABLE_IMPLEMENTATIONS[name]
+
+        def call(x: torch.Tensor, group_name: str) -> torch.Tensor:
+            ran.append(name)
+            return implementation(x, group_name)
+
+        return call
+
+    found = []
+    gen = torch.Generator().manual_seed(r.rank)  # ranks differ: a wrong sum shows
+    recorders = {name: recorded(name) for name in tp_ops.TABLE_IMPLEMENTATIONS}
+    with mock.patch.dict(tp_ops.TABLE_IMPLEMENTATIONS, recorders):
+        for nbytes in sizes_around(limits, torch.float32.itemsize):
+            x = torch.randn(nbytes // torch.float32.itemsize, generator=gen).to(r.device)
+            expected = x.clone()
+            dist.all_reduce(expected, group=r.group)
+            ran.clear()
+            torch.testing.assert_close(tp_ops.table_all_reduce(x, r.group.group_name), expected)
+            found.append((nbytes, list(ran)))
+    return found
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_table_op_sums_as_all_reduce_on_both_sides_of_each_limit(device):
+    per_rank = assert_all_ok(run_ranks(2, table_body, device=device))
+    assert per_rank[1] == per_rank[0]
+    sizes = [nbytes for nbytes, _ in per_rank[0]]
+    if device == "cpu":
+        # Both sides of 2 Hopper GPUs' limits, each summed by the op's own (gloo) all-reduce.
+        assert sizes == [8 * MiB - 4, 8 * MiB, 64 * MiB, 64 * MiB + 4]
+        assert [ran for _, ran in per_rank[0]] == [[NCCL]] * 4
+    else:
+        limits = tp_ops.table_limits(2, tp_ops.device_capability(torch.device("cuda")))
+        picks = [ran for _, ran in per_rank[0]]
+        assert picks == [[limits.pick(n)] for n in sizes]
+        # On 2 ranks each limit is a switch: the sizes come in pairs across one.
+        assert all(below != above for below, above in zip(picks[::2], picks[1::2])), picks
