@@ -101,7 +101,9 @@ class ModelConfig:
 
 
 class TPStack(nn.Module):
-    """``layers`` times x = x + all_reduce(x @ w_i): one all-reduce call site per layer."""
+    """``layers`` times x = x + all_reduce(relu(x @ w_i)), the tensor-parallel pattern
+    (an activation before the reduction, a residual after): one all-reduce call site per
+    layer, between a pointwise producer and consumer it is timed with."""
 
     def __init__(self, layers: int, hidden: int, group_name: str, world: int) -> None:
         super().__init__()
@@ -116,7 +118,7 @@ class TPStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for w in self.weights:
-            x = x + ops.all_reduce(x @ w, self.group_name)
+            x = x + ops.all_reduce(torch.relu(x @ w), self.group_name)
         return x
 
 
@@ -210,7 +212,24 @@ def record_summary(device_type: str) -> dict[str, Any]:
         # Keys whose call sites took different winners (none: every site of a key agrees).
         "conflicting_keys": sum(len({r.winner for r in records if r.key == k}) > 1 for k in {r.key for r in records}),
         "tuning_s_sum": sum(r.tuning_s for r in records),
+        # Where a cold tuned compile spends its time, summed over the call sites (seconds
+        # on this rank): tracing the choices (upstream), compiling them, their first calls
+        # (the screen), timing them (sizing batches, rounds, the reduction), waiting for
+        # the group; and the Store requests made.
+        "breakdown_s": breakdown(records),
+        "store_requests": sum(getattr(r, "store_requests", 0) for r in records),
     }
+
+
+def breakdown(records: list[Any]) -> dict[str, float]:
+    phases: dict[str, float] = {"trace": 0.0, "build": 0.0, "screen": 0.0, "timing": 0.0, "wait": 0.0}
+    for r in records:
+        phases["trace"] += getattr(r, "trace_s", 0.0)
+        phases["build"] += r.build_s
+        phases["wait"] += r.waited_s
+        for step, seconds in getattr(r, "phases", ()):
+            phases["screen" if step == "screen" else "timing"] += seconds
+    return {k: round(v, 4) for k, v in phases.items()}
 
 
 def was_benchmarked(record: Any) -> bool:
@@ -318,6 +337,9 @@ def run_result(part: dict[str, Any]) -> dict[str, Any]:
         "conflicting_keys": max(r["conflicting_keys"] for r in ranks),
         "ranks_agree": all(r["winners_by_key"] == ranks[0]["winners_by_key"] for r in ranks),
         "tuning_s_sum": max(r["tuning_s_sum"] for r in ranks),
+        # Rank 0's (where ranks differ, they wait for each other: wait says so).
+        "breakdown_s": ranks[0].get("breakdown_s", {}),
+        "store_requests_per_rank": [r.get("store_requests", 0) for r in ranks],
         "counters": {name: [r["counters"].get(name, 0) for r in ranks] for name in counters},
     }
 
@@ -399,6 +421,10 @@ def summary(result: dict[str, Any]) -> str:
             f"{run['tuning_s_sum']:>8.2f} {pair(c, 'fxgraph_cache'):>11} {pair(c, 'autograd_cache'):>12} "
             f"{max(c.get('collective_autotune_sessions', ['-'])):>8}  {describe_winners(run)}"
         )
+        if run.get("breakdown_s") and run["call_sites"]:
+            lines.append("              where tuning went (s): " + ", ".join(
+                f"{phase} {seconds:.2f}" for phase, seconds in run["breakdown_s"].items()
+            ))
     lines.append("goals:")
     for name, goal in result["goals"].items():
         value = goal["value"]

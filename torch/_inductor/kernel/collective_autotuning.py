@@ -97,7 +97,7 @@ def note_registration(op: Any, configs: Sequence[Any] = ()) -> None:
     register(op, configs, collective)
     if not collective:
         return
-    collective_upstream_hooks.install()
+    collective_upstream_hooks.install(compiling=False)
     if functorch_config.bundled_autograd_cache:
         _warn_once(
             "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "
@@ -148,6 +148,8 @@ def prepare_choices(
         name, labels, decompositions, inputs, op, non_tensor_args, min_speedup_threshold,
         benchmark_with_cudagraphs, neighbours,
     )
+    if site is not None:
+        collective_upstream_hooks.install(compiling=True)
     settled = collective_selection.settled_range(site) if site is not None else None
     if settled is not None:
         _keep(settled)
