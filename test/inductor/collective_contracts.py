@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import os
@@ -343,25 +344,18 @@ def check_collectives_reach_the_selector() -> None:
     from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
 
     fc = torch.ops._c10d_functional
-    name = "collective_contract::all_reduce"
-    if not hasattr(torch.ops.collective_contract, "all_reduce"):
-        @torch.library.custom_op(name, mutates_args=())
-        def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-            return x.clone()
-
-        @all_reduce.register_fake
-        def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-            return torch.empty_like(x)
 
     def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
         return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
 
+    custom_op = _contract_all_reduce()
     op = torch.ops.collective_contract.all_reduce.default
     noted: list[Any] = []
     selected: list[Any] = []
     note, select = collective_autotuning.note_registration, collective_autotuning.select_collective_choice
     with mock.patch.object(collective_autotuning, "note_registration", lambda *a: noted.append(a) or note(*a)):
-        register_custom_op_autotuning(op, configs=[CustomOpConfig(one_all_reduce)])
+        # torch 2.11 takes the decorated function only; later torch its OpOverload too.
+        register_custom_op_autotuning(custom_op, configs=[CustomOpConfig(one_all_reduce)])
     with one_rank_group() as group, fresh_inductor(), mock.patch.object(
         collective_autotuning, "select_collective_choice", lambda *a, **k: selected.append(a) or select(*a, **k)
     ):
@@ -370,6 +364,21 @@ def check_collectives_reach_the_selector() -> None:
         raise ContractBroken("register_custom_op_autotuning no longer calls note_registration")
     if not selected:
         raise ContractBroken("a collective op's selection no longer reaches select_collective_choice")
+
+
+@functools.cache
+def _contract_all_reduce() -> Any:
+    """A collective custom op of the contracts' own."""
+
+    @torch.library.custom_op("collective_contract::all_reduce", mutates_args=())
+    def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return x.clone()
+
+    @all_reduce.register_fake
+    def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return all_reduce
 
 
 def break_selector() -> contextlib.AbstractContextManager[Any]:

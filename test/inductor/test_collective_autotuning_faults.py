@@ -378,7 +378,9 @@ def test_a_vote_waits_for_a_working_peer_and_not_for_a_silent_one(works):
         assert "late: group ranks [1] did not report and were silent for 1 s" in early["error"]
         # Under torchrun, rank 1 beat in earlier tests: then it says where, long ago.
         assert "group rank 1 never reported progress" in early["error"] or "group rank 1 was last heard" in early["error"]
-        assert early["s"] < 1.0 + 0.5
+        from torch._inductor.runtime.collective_protocol import look_interval
+
+        assert early["s"] < 1.0 + look_interval(1.0) + 0.25
 
 
 def warm_cold_body(r: Rank) -> list:
@@ -527,11 +529,29 @@ def writes_input_body(r: Rank) -> list:
     return records
 
 
-def test_a_choice_that_writes_into_its_input_is_rejected():
+def test_a_choice_that_writes_into_its_input_is_dropped():
     (a,), (b,) = assert_all_ok(run_ranks(2, writes_input_body))
     assert a == b and a.winner != "writes_into_input"
-    status = {t.name: t.status for t in a.timings}
-    assert "writes into input 0, which the op does not declare it mutates" in status["writes_into_input"], status
+    # Found in its traced graph, on every rank alike: never timed, never inlined.
+    assert (
+        "dropped writes_into_input (group ranks [0, 1]: writes into input 0 (aten::copy_), which the op "
+        "does not declare it mutates)" in a.reason
+    ), a.reason
+    assert "writes_into_input" not in {t.name for t in a.timings}
+
+
+def test_the_screen_rejects_a_call_that_wrote_into_an_input():
+    from torch._inductor.runtime.collective_benchmarking import _verdict, ScreenInputs, Verdict
+
+    x = torch.ones(4)
+    inputs = ScreenInputs([x])
+    x.add_(1)  # what a call did to its input
+    assert _verdict(x, x, inputs.written()) == (float(Verdict.WROTE_INPUT), 0.0)
+    inputs.reset()
+    assert inputs.written() is None and torch.equal(x, torch.ones(4))
+    declared = ScreenInputs([x], mutable=[0])  # the op says it writes into input 0
+    x.add_(1)
+    assert declared.written() is None
 
 
 # -- every call bounded ------------------------------------------------------------------------------

@@ -269,6 +269,33 @@ def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
     return ""
 
 
+def writes_into_input(gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]) -> str:
+    """Why ``gm`` (a choice's traced implementation) writes into one of its tensor
+    inputs (or a view of one) that the op does not declare it mutates (the positions in
+    ``mutable``), or "". Inlined, such a choice would change the caller's tensor."""
+    if gm is None:
+        return ""
+    tensors = [
+        n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+    origin = {node: i for i, node in enumerate(tensors)}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for argument, value in zip(schema.arguments, node.args):
+            if not (isinstance(value, torch.fx.Node) and value in origin and argument.alias_info is not None):
+                continue
+            if argument.alias_info.is_write and origin[value] not in mutable:
+                return (
+                    f"writes into input {origin[value]} ({node.target.name()}), which the op does not "
+                    "declare it mutates"
+                )
+            if any(r.alias_info is not None for r in schema.returns):  # a view of that input
+                origin[node] = origin[value]
+    return ""
+
+
 def needs_symmetric_memory(choice: ChoiceCaller) -> bool:
     """Whether ``choice``'s traced graph calls symmetric-memory ops."""
     gm = getattr(choice, "gm", None)

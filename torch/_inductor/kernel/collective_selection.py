@@ -25,7 +25,13 @@ import torch
 from torch._dispatch.python import no_python_dispatcher
 from torch._inductor.kernel import collective_dispatch, collective_graph
 from torch._inductor.kernel.collective_choice_modules import Neighbours
-from torch._inductor.kernel.collective_choices import choice_label, DEFAULT, identities, trace_failure
+from torch._inductor.kernel.collective_choices import (
+    choice_label,
+    DEFAULT,
+    identities,
+    trace_failure,
+    writes_into_input,
+)
 from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, names_a_collective, resolve_group
 from torch._inductor.kernel.collective_graph import GroupChoice, GroupSession, SiteDecision, SiteReport
 from torch._inductor.kernel.collective_records import Action, CollectiveAutotuneRecord, site_key, Source
@@ -299,7 +305,9 @@ class _SiteWork:
     def report(self, session: GroupSession) -> SiteReport:
         """What this rank knows of the key before anything is built."""
         persisted = _persisted(self.site)
-        known = session.decisions.get(self.site.key)
+        # Read from the Store before tracing already; a decision published since then
+        # reaches the vote through the rank that read it.
+        known = session.decisions.known(self.site.key)
         return SiteReport(
             key=self.site.key,
             choices=self.site.labels,
@@ -308,7 +316,8 @@ class _SiteWork:
             stored_winner=persisted.winner if persisted else "",
             failed={
                 **{label: "not traced on this rank" for label in self.site.labels if label not in self.by_label},
-                **{label: trace_failure(c) for label, c in self.by_label.items() if trace_failure(c)},
+                **{label: why for label, c in self.by_label.items()
+                   if (why := trace_failure(c) or writes_into_input(getattr(c, "gm", None), self.site.mutable))},
             },
         )
 

@@ -149,9 +149,10 @@ class Deadline:
 
 def look_interval(timeout: float) -> float:
     """How often a waiting rank looks at its group's progress, and a working one beats:
-    a small part of the timeout (a live peer is seen progressing many times within
-    it), never so often that a wait costs the Store more than a few requests a second."""
-    return min(max(timeout / 8, 0.05), 5.0)
+    a small part of the timeout (a live peer is seen progressing several times within
+    it), and at least a second where the timeout allows it, so that a waiting rank
+    costs the Store at most two requests a second."""
+    return min(max(timeout / 8, min(1.0, timeout / 2)), 5.0)
 
 
 def attempt_namespace() -> str:
@@ -279,10 +280,11 @@ class Liveness:
     """This process's heartbeat, so that its peers wait for it as long as it works.
 
     While the process does something its peers may wait for, a daemon thread adds one
-    to the progress counter of each group it belongs to (``groups()``) every look
-    interval; the thread ends when the work does. What the process does is written to
-    ``doing/<global rank>`` when it starts each step (read only for error messages).
-    While it waits for its peers it is silent: a wait is no progress.
+    to the progress counter of each group it beats into (``groups()``) every look
+    interval, and writes what the process does to ``doing/<global rank>`` when that
+    changed (read only for error messages: it costs a request per look at most, never
+    one per step). The thread ends when the work does. While the process waits for its
+    peers it is silent: a wait is no progress.
     """
 
     def __init__(
@@ -292,7 +294,8 @@ class Liveness:
         self._namespace = namespace
         self._rank = global_rank
         self._groups = groups
-        self._doing: list[str] = []
+        # What the process does, innermost last, and whether each step beats.
+        self._doing: list[tuple[str, bool]] = []
         self._waiting = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -304,12 +307,9 @@ class Liveness:
         Without ``beat`` the block only says what it does: work whose peers do it in
         lockstep (a benchmark) bounds itself, and must not keep a wait on it alive.
         """
-        if not self._doing or self._doing[-1] != doing:
-            with self._client.during("reporting progress"):
-                self._client.set(doing_key(self._namespace, self._rank), doing)
         with self._lock:
-            self._doing.append(doing if beat else "")
-            if beat and self._thread is None:
+            self._doing.append((doing, beat))
+            if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._beat, name="collective-autotune-heartbeat", daemon=True
                 )
@@ -332,25 +332,28 @@ class Liveness:
                 self._waiting -= 1
 
     def _beat(self) -> None:
-        keys = [progress_key(self._namespace, g) for g in self._groups()]
+        said = None
         while True:
             with self._lock:
                 if not self._doing:
                     self._thread = None
                     return
-                # Waiting, or inside work that must not beat (the innermost says).
-                silent = self._waiting > 0 or not self._doing[-1]
-            if not silent:
-                try:
-                    with self._client.during("a heartbeat"):
-                        for key in keys:
-                            self._client.add(key, 1)
-                except StoreLostError:
-                    # The main thread meets the lost Store at its next request.
-                    log.debug("heartbeat stopped: the Store is gone", exc_info=True)
-                    with self._lock:
-                        self._thread = None
-                    return
+                doing, beat = self._doing[-1]
+                beat = beat and self._waiting == 0
+            try:
+                with self._client.during("a heartbeat"):
+                    if doing != said:
+                        self._client.set(doing_key(self._namespace, self._rank), doing)
+                        said = doing
+                    if beat:
+                        for group in self._groups():
+                            self._client.add(progress_key(self._namespace, group), 1)
+            except StoreLostError:
+                # The main thread meets the lost Store at its next request.
+                log.debug("heartbeat stopped: the Store is gone", exc_info=True)
+                with self._lock:
+                    self._thread = None
+                return
             time.sleep(look_interval(self._client.timeout))
 
 
@@ -411,7 +414,8 @@ def participant(timeout: float) -> Participant:
 
 
 def _member_groups() -> list[str]:
-    """The names of this rank's process groups of more than one rank."""
+    """The groups this process beats into: its process groups of more than one rank
+    (any of them may hold a session that waits for this process's compile)."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -519,6 +523,10 @@ class GroupDecisions:
         self._prefix = f"{participant.namespace}/{group_name}/decided/{scope}/"
         self._members = list(members)
         self._timeout = timeout
+
+    def known(self, key: str) -> str | None:
+        """The group's decision for ``key`` if this process read or published it."""
+        return self._participant.known.get(self._prefix + key)
 
     def get(self, key: str) -> str | None:
         """The group's decision for ``key`` if published (no waiting)."""
@@ -651,6 +659,8 @@ class CollectiveSession:
                     raw = client.get_if_set(base + "votes")
                     votes = self._votes(raw.decode() if raw is not None else "")
                     missing = [r for r in range(self.world_size) if r not in votes]
+                    if not missing:  # every rank voted; the one to say so was slow
+                        return [votes[r] for r in range(self.world_size)]
                     raise CollectiveAutotuneError(
                         f"{topic}: group ranks {missing} did not report and were silent for "
                         f"{self.timeout:g} s (collective_benchmark_timeout); they are gone, or "
