@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common import header, init_process_group, REPO, timed_call, write_json  # benchmarks/
+from common import first_call_s, header, init_process_group, REPO, timed_call, write_json  # benchmarks/
 from examples.tp_allreduce import ops
 
 
@@ -442,6 +442,98 @@ def describe_winners(run: dict[str, Any]) -> str:
     return ",".join(run["winners"]) or "-"
 
 
+# -- in one process ----------------------------------------------------------------
+
+
+@torch.library.custom_op("compile_overhead::plain_all_reduce", mutates_args=())
+def plain_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The tuned op's own implementation, never registered for autotuning."""
+    out = x.clone()
+    dist.all_reduce(out, group=torch._C._distributed_c10d._resolve_process_group(group_name))
+    return out
+
+
+@plain_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class PlainStack(TPStack):
+    """TPStack calling the plain op: what the model costs to compile untuned."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = x + plain_all_reduce(torch.relu(x @ w), self.group_name)
+        return x
+
+
+def run_in_process(args: argparse.Namespace) -> None:
+    """Every mode and shape in one process, without a job's start-up: for each, a
+    warm-up compile of another model (what a process pays once: compile workers, device
+    set-up), then the plain model and the tuned one, each cold (Inductor's caches
+    emptied: each compiles its own kernels, the tuned one also its choices', and times
+    them), then the tuned one again (kernels cached, decisions known to the job)."""
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.utils import fresh_cache
+
+    device = init_process_group(args.device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ops.register(implementations(args.device))
+    results = []
+    for config in args.configs.split(","):
+        mode, shape = config.split(":")
+        cfg = dataclasses.replace(ModelConfig.from_args(args), mode=mode, dynamic=shape == "dynamic")
+        times = {}
+        with fresh_cache():
+            times["warm_up"] = compile_seconds(PlainStack, dataclasses.replace(cfg, layers=1, hidden=cfg.hidden // 2),
+                                               device, world)
+        with fresh_cache():
+            times["plain"] = compile_seconds(PlainStack, cfg, device, world)
+        with fresh_cache():
+            start = len(collective_autotune_records())
+            times["tuned"] = compile_seconds(TPStack, cfg, device, world)
+            tuned_records = collective_autotune_records()[start:]
+            times["tuned_again"] = compile_seconds(TPStack, cfg, device, world)
+        extra = times["tuned"] - times["plain"]
+        results.append({
+            "mode": mode, "shape": shape,
+            "compile_s": {k: round(v, 3) for k, v in times.items()},
+            "extra_s": round(extra, 3),
+            "sites": len(tuned_records),
+            "winners": sorted({r.winner for r in tuned_records}),
+            "breakdown_s": breakdown(tuned_records),
+            "store_requests": sum(getattr(r, "store_requests", 0) for r in tuned_records),
+        })
+        if rank == 0:
+            r = results[-1]
+            print(f"{mode:>15} {shape:>7}: plain {times['plain']:.2f} s, tuned {times['tuned']:.2f} s "
+                  f"(+{extra:.2f} s), again {times['tuned_again']:.2f} s; {r['sites']} sites, "
+                  f"winners {r['winners']}; where tuning went: {r['breakdown_s']}", flush=True)
+    if rank == 0:
+        result = {**header(device), "layers": args.layers, "hidden": cfg.hidden, "tokens": cfg.tokens,
+                  "dtype": cfg.dtype, "world_size": world, "runs": results,
+                  "goal": "tuning adds at most 0.5 s per tuned op to a cold compile"}
+        write_json(args.out, result)
+    dist.destroy_process_group()
+
+
+def compile_seconds(stack: type, cfg: ModelConfig, device: torch.device, world: int) -> float:
+    """The compile time of one model, Dynamo reset first: its first call less a later
+    one, slowest rank."""
+    torch._dynamo.reset()
+    dtype = getattr(torch, cfg.dtype)
+    model = stack(cfg.layers, cfg.hidden, dist.group.WORLD.group_name, world).to(device, dtype)
+    model.requires_grad_(False)
+    x = torch.randn(cfg.tokens, cfg.hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    if cfg.dynamic:
+        torch.fx.experimental._config.backed_size_oblivious = True
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+    compiled = torch.compile(model, fullgraph=True, dynamic=None if cfg.dynamic else False,
+                             mode=None if cfg.mode == "default" else cfg.mode)
+    with torch.no_grad():
+        return first_call_s(compiled, x)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common = argparse.ArgumentParser(add_help=False)
@@ -467,10 +559,14 @@ def main() -> None:
     every.add_argument("--nproc", type=int, default=2)
     every.add_argument("--work-dir", help="caches and part JSONs (default: a new temporary dir)")
     every.add_argument("--out", help="results JSON (default: benchmarks/results/compile_overhead_<machine>.json)")
+    inproc = commands.add_parser("inprocess", parents=[common], help="every config in one process")
+    inproc.add_argument("--configs", default="default:static,default:dynamic",
+                        help="comma-separated mode:shape (shape static or dynamic)")
+    inproc.add_argument("--out", required=True, help="results JSON, written by rank 0")
     args = parser.parse_args()
     if args.mode == "reduce-overhead" and args.device != "cuda":
         parser.error("--mode reduce-overhead needs --device cuda")
-    (run_job if args.command == "run" else run_all)(args)
+    {"run": run_job, "all": run_all, "inprocess": run_in_process}[args.command](args)
 
 
 if __name__ == "__main__":

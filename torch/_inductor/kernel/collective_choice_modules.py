@@ -116,21 +116,36 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     return EagerModule(neighbours.around(choice.gm), len(choice.sym_input_values))
 
 
-def module_for_benchmark(choice: Any, neighbours: Neighbours, lower_only: bool = False) -> Any:
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """How far to compile a choice for the benchmark: all the way (the module), only
+    lowering it (``lower_only``: the lowered graph), or generating its code now and
+    loading it later (``defer_load``: a function that loads the module)."""
+
+    lower_only: bool = False
+    defer_load: bool = False
+
+
+COMPILE = Stage()
+LOWER = Stage(lower_only=True)
+START = Stage(defer_load=True)
+
+
+def module_for_benchmark(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE) -> Any:
     """A subgraph ``choice`` compiled for the benchmark at its inputs' sizes, with
     ``neighbours`` fused in (without any, as Inductor compiles its choices: no new
-    trace); with ``lower_only``, only lowered."""
+    trace), as far as ``stage`` says."""
     if neighbours == Neighbours():
-        return choice._compile_for_benchmarking(lower_only=lower_only)
-    return compiled_module(choice, neighbours.around(implementation_of(choice)), False, lower_only)
+        return choice._compile_for_benchmarking(**dataclasses.asdict(stage))
+    return compiled_module(choice, neighbours.around(implementation_of(choice)), False, stage)
 
 
 def compiled_module(
-    choice: Any, implementation: Callable[..., Any], symbolic: bool, lower_only: bool = False
+    choice: Any, implementation: Callable[..., Any], symbolic: bool, stage: Stage = COMPILE
 ) -> Any:
     """``implementation`` (a subgraph choice's, with whatever is around it) traced on the
-    choice's inputs and compiled as Inductor compiles its benchmark choices (only lowered,
-    with ``lower_only``). With ``symbolic``, any guard the trace would add on the inputs'
+    choice's inputs and compiled as Inductor compiles its benchmark choices, as far as
+    ``stage`` says. With ``symbolic``, any guard the trace would add on the inputs'
     sizes raises instead (the module must be right at every size)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
@@ -151,4 +166,4 @@ def compiled_module(
     twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
     # Compiled as torch 2.13 compiles its choices: the lowering's guards on the sizes'
     # range (32-bit indexing, say) are the model's too.
-    return twin._compile_for_benchmarking(lower_only=lower_only)
+    return twin._compile_for_benchmarking(**dataclasses.asdict(stage))

@@ -35,10 +35,12 @@ from typing import Any, Callable, Optional, Sequence
 import sympy
 import torch
 from torch._inductor.kernel.collective_choice_modules import (
+    COMPILE,
     compiled_module,
     implementation_of,
     module_for_benchmark,
     Neighbours,
+    Stage,
 )
 from torch._inductor.kernel.collective_detection import names_a_collective
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
@@ -172,7 +174,7 @@ def _nearest_decided(
 _benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
-def benchmark_module(choice: Any, neighbours: Neighbours, lower_only: bool = False) -> Any:
+def benchmark_module(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE) -> Any:
     """``choice``, an implementation of one range of a range-based op (a
     SubgraphChoiceCaller; the ladder's ranges or the user's split points), compiled for
     the benchmark with the call site's ``neighbours``: one module per implementation
@@ -191,20 +193,21 @@ def benchmark_module(choice: Any, neighbours: Neighbours, lower_only: bool = Fal
         implementation_of(choice),
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
-        lower_only,
+        stage,
         *map(_layout_of, choice.input_nodes),
     )
     modules = _benchmark_modules.setdefault(V.graph, {})
-    if modules.get(key) is not None:
-        return modules[key]
-    counters["inductor"]["collective_autotune_range_builds"] += 1
     if key not in modules:
-        modules[key] = _size_generic_module(choice, neighbours, lower_only)
-    # Without a size-generic module: this range's own, at its size.
-    return modules[key] if modules[key] is not None else module_for_benchmark(choice, neighbours, lower_only)
+        counters["inductor"]["collective_autotune_range_builds"] += 1
+        generic = _size_generic_module(choice, neighbours, stage)
+        # A deferred load is kept as the load itself, done once for every range.
+        modules[key] = functools.cache(generic) if stage.defer_load and generic is not None else generic
+    if modules[key] is None:  # without a size-generic module: this range's own, at its size
+        return module_for_benchmark(choice, neighbours, stage)
+    return modules[key]
 
 
-def _size_generic_module(choice: Any, neighbours: Neighbours, lower_only: bool) -> Any:
+def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> Any:
     """``choice`` with ``neighbours`` traced once more on its inputs' symbolic sizes and
     compiled for any size; None where that trace would add guards on them (they would
     become the model's guards, and the module would be right only at some sizes) or
@@ -215,7 +218,7 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, lower_only: bool) 
     """
 
     try:
-        return compiled_module(choice, neighbours.around(implementation_of(choice)), True, lower_only)
+        return compiled_module(choice, neighbours.around(implementation_of(choice)), True, stage)
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",

@@ -341,8 +341,11 @@ class SiteReport:
     # This rank's stored decision: its digest and winner, or empty.
     stored: str
     stored_winner: str
-    # Choices whose implementation raised while traced here, with the reason.
+    # Choices that cannot be used here (raised while traced, did not build), and why.
     failed: dict[str, str]
+    # Whether this rank built its choices before reporting (and ``failed`` says which
+    # did not build).
+    built: bool = False
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -350,7 +353,9 @@ class SiteReport:
     @staticmethod
     def decode(raw: str) -> SiteReport:
         d = json.loads(raw)
-        return SiteReport(d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"])
+        return SiteReport(
+            d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"], d["built"]
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,6 +455,12 @@ def _vote_key(
     timing_allowed: bool,
 ) -> SiteDecision:
     topic = f"site/{report.key}"
+    if not (report.stored or report.decided):
+        # Nothing stored or decided here: the group can only time the choices (or follow
+        # what a peer read), so build them first and vote once on both.
+        runnable = [n for n in report.choices if n not in report.failed]
+        with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
+            report = dataclasses.replace(report, failed={**build(runnable), **report.failed}, built=True)
     reports = [SiteReport.decode(r) for r in session.session.vote(topic, report.encode())]
     published = next((GroupChoice.decode(r.decided) for r in reports if r.decided), None)
     if published is not None:
@@ -485,9 +496,12 @@ def _vote_key(
             topic, winner, verdict,
         )
         failed[winner] = f"the stored winner {verdict}"
-    runnable = [n for n in choices if n not in failed]
-    for name, why in _built(session, f"{topic}/build", build, runnable).items():
-        failed.setdefault(name, why)
+    if not all(rep.built for rep in reports):
+        # Some ranks held a stored decision: every rank builds (again, nothing for those
+        # that built) and votes on what failed.
+        runnable = [n for n in choices if n not in failed]
+        for name, why in _built(session, f"{topic}/build", build, runnable).items():
+            failed.setdefault(name, why)
     for name, why in failed.items():
         log.warning("choice %s is dropped on every rank of the group: %s", name, why)
     runnable = [n for n in choices if n not in failed]

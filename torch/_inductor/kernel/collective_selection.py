@@ -326,10 +326,7 @@ class _SiteWork:
         that did not build failed."""
         begin = time.monotonic()
         chosen = {label: self.by_label[label] for label in labels if label in self.by_label}
-        failures = {
-            label: why for label, why in build(self.site.name, chosen, self.site.device, self.site.neighbours).items()
-            if why
-        }
+        failures = build(self.site.name, chosen, self.site.device, self.site.neighbours)
         self.build_s += time.monotonic() - begin
         return failures
 

@@ -19,7 +19,13 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel import collective_dispatch
-from torch._inductor.kernel.collective_choice_modules import eager_module, module_for_benchmark, Neighbours
+from torch._inductor.kernel.collective_choice_modules import (
+    eager_module,
+    LOWER,
+    module_for_benchmark,
+    Neighbours,
+    START,
+)
 from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
@@ -81,32 +87,53 @@ def build(
     name: str, choices: dict[str, ChoiceCaller], device: torch.device, neighbours: Neighbours
 ) -> dict[str, str]:
     """Compile ``choices`` (by label) of op ``name`` for benchmarking, with
-    ``neighbours`` fused in; why each one that cannot run here fails ("" if it can)."""
-    return {label: _build_one(name, choice, device, neighbours) for label, choice in choices.items()}
+    ``neighbours`` fused in; why each one that cannot run here fails ("" if it can).
+
+    In two passes: every choice is lowered and its code generated first, so that the
+    kernels of all of them compile together in Inductor's worker pool; then each module
+    is loaded, waiting for its kernels. (Compiled one after the other, a key's choices
+    cost the sum of their compiles.)"""
+    finishes: dict[str, Callable[[], None]] = {}
+    failures: dict[str, str] = {}
+    for label, choice in choices.items():
+        try:
+            finishes[label] = _start(name, choice, device, neighbours)
+        except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there
+            failures[label] = _failure(choice, e)
+    for label, finish in finishes.items():
+        try:
+            finish()
+        except Exception as e:  # noqa: BLE001 - likewise
+            failures[label] = _failure(choices[label], e)
+    return failures
 
 
-def _build_one(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> str:
+def _start(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> Callable[[], None]:
+    """Start building ``choice``; the function that finishes it (its module loaded)."""
     if needs_symmetric_memory(choice) and device.type != "cuda":
-        return "uses symmetric memory, which needs CUDA"
-    try:
-        if getattr(choice, "gm", None) is not None and hasattr(choice, "_compile_for_benchmarking"):
-            if choice._compiled_module is None:  # type: ignore[attr-defined]
-                compile_choice = (
-                    collective_dispatch.benchmark_module if collective_dispatch.is_range(name)
-                    else module_for_benchmark
-                )
-                if device.type == "cuda":
-                    module = compile_choice(choice, neighbours)
-                else:  # lowered, and timed as traced (see eager_module)
-                    compile_choice(choice, neighbours, lower_only=True)
-                    module = eager_module(choice, neighbours)
-                choice._compiled_module = module  # type: ignore[attr-defined]
-        else:
-            choice.to_callable()
-    except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there
-        log.debug("build failure of %s", choice.name, exc_info=True)
-        return f"does not build ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    return ""
+        raise RuntimeError("uses symmetric memory, which needs CUDA")
+    if getattr(choice, "gm", None) is None or not hasattr(choice, "_compile_for_benchmarking"):
+        choice.to_callable()
+        return lambda: None
+    if choice._compiled_module is not None:  # type: ignore[attr-defined]
+        return lambda: None
+    compile_choice = collective_dispatch.benchmark_module if collective_dispatch.is_range(name) else module_for_benchmark
+    if device.type != "cuda":  # lowered, and timed as traced (see eager_module)
+        compile_choice(choice, neighbours, LOWER)
+        choice._compiled_module = eager_module(choice, neighbours)  # type: ignore[attr-defined]
+        return lambda: None
+    load = compile_choice(choice, neighbours, START)
+
+    def finish() -> None:
+        choice._compiled_module = load() if callable(load) else load  # type: ignore[attr-defined]
+
+    return finish
+
+
+def _failure(choice: ChoiceCaller, error: Exception) -> str:
+    """Why building ``choice`` failed, in the words the group reports."""
+    log.debug("build failure of %s", choice.name, exc_info=error)
+    return f"does not build ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
 
 
 def _prepared_inputs(
