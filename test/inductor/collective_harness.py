@@ -154,7 +154,7 @@ def _run_in_process(
     torch._dynamo.reset()
     env = {k: v.replace("{rank}", str(rank)) for k, v in env.items()}
     _share_kernels(env["TORCHINDUCTOR_CACHE_DIR"], _shared_kernels())
-    with _environment(env):
+    with environment(env):
         result = _call(rank, world_size, group, body, args, device)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, result)
@@ -186,7 +186,7 @@ def _spawn(
     # Variables the same on every rank are in the children's environment from the
     # start, so that torch reads those it reads at import (config knobs); per-rank
     # ones ("{rank}") are set by each child before it initialises.
-    with _environment({k: v for k, v in env.items() if "{rank}" not in v}):
+    with environment({k: v for k, v in env.items() if "{rank}" not in v}):
         for p in procs:
             p.start()
     deadline = time.monotonic() + timeout_s
@@ -222,7 +222,8 @@ def _spawn(
 
 
 @contextlib.contextmanager
-def _environment(env: dict[str, str]) -> Iterator[None]:
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set for the block, each variable restored (or removed) after."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -211,7 +211,6 @@ def test_a_cached_graph_is_used_only_in_the_environment_its_decisions_were_made_
     assert again[0]["records"] == again[1]["records"]
     assert {r.source for r in again[0]["records"]} <= {"cache", "disk", "job"}
     assert all(r.winner == two[0]["records"][0].winner for r in again[0]["records"])
-    print(f"4 -> 2 -> 2: the second 2-rank run's sources: {[r.source for r in again[0]['records']]}")
 
 
 # -- dynamic sizes: one compile, the right implementation at every size ---------------------------

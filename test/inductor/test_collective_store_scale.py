@@ -10,32 +10,14 @@ repository's file there, else the repository's file under a private name. Self-c
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 
-REPO = Path(__file__).resolve().parents[2]
-BENCHMARK = REPO / "benchmarks" / "collective_store_scale.py"
-
-
-def _load_benchmark() -> ModuleType:
-    name = "collective_store_scale"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_benchmark()
+import collective_store_scale as bench  # benchmarks/ (pyproject's pythonpath)
 
 pytestmark = pytest.mark.skipif(
     "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ,

@@ -34,7 +34,11 @@ import logging
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel import collective_dispatch, collective_selection, collective_upstream_hooks
+from torch._inductor.kernel import (
+    collective_dispatch,
+    collective_selection,
+    collective_upstream_hooks,
+)
 from torch._inductor.kernel.collective_choice_modules import neighbours_of_site
 from torch._inductor.kernel.collective_choices import (
     choice_label,
@@ -65,7 +69,6 @@ from torch._inductor.kernel.collective_records import (
 )
 from torch._inductor.kernel.collective_timing import BenchmarkInputs
 from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
-
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -116,7 +119,10 @@ def prepare_choices(
     min_speedup_threshold: float = 1.0,
     benchmark_with_cudagraphs: bool = False,
 ) -> tuple[
-    list[Callable[..., Any]], list[dict[str, Any]], Optional[list[dict[str, Any]]], Optional[RangeWinner]
+    list[Callable[..., Any]],
+    list[dict[str, Any]],
+    Optional[list[dict[str, Any]]],
+    Optional[RangeWinner],
 ]:
     """Ready an op's inputs and implementations before its choices are traced.
 
@@ -143,10 +149,19 @@ def prepare_choices(
         if isinstance(inp, TensorBox):
             inp.realize()
     schema = schema_arguments(op)
-    labels = [label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)]
+    labels = [
+        label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)
+    ]
     site = collective_selection.prepare_site(
-        name, labels, decompositions, inputs, op, non_tensor_args, min_speedup_threshold,
-        benchmark_with_cudagraphs, neighbours,
+        name,
+        labels,
+        decompositions,
+        inputs,
+        op,
+        non_tensor_args,
+        min_speedup_threshold,
+        benchmark_with_cudagraphs,
+        neighbours,
     )
     if site is not None:
         collective_upstream_hooks.install(compiling=True)
@@ -154,12 +169,17 @@ def prepare_choices(
     if settled is not None:
         _keep(settled)
         i = labels.index(settled.winner) if settled.winner in labels else None  # None: the op's own
-        return list(decompositions), list(non_tensor_args), config_patches_list, RangeWinner.create(
-            settled.winner,
-            None if i is None else guarded_implementation(decompositions[i], op),
-            {} if i is None else non_tensor_args[i],
-            None if i is None or config_patches_list is None else config_patches_list[i],
-            op,
+        return (
+            list(decompositions),
+            list(non_tensor_args),
+            config_patches_list,
+            RangeWinner.create(
+                settled.winner,
+                None if i is None else guarded_implementation(decompositions[i], op),
+                {} if i is None else non_tensor_args[i],
+                None if i is None or config_patches_list is None else config_patches_list[i],
+                op,
+            ),
         )
     keep = list(range(len(decompositions)))
     winner = collective_selection.decided_before_tracing(site) if site is not None else None
@@ -216,7 +236,9 @@ def detect_collective(
         collective = False
     if not collective:
         for choice in [c for c in choices if trace_failure(c)]:
-            log.warning("choice %s is dropped: %s", choice_label(choice, op_overload), trace_failure(choice))
+            log.warning(
+                "choice %s is dropped: %s", choice_label(choice, op_overload), trace_failure(choice)
+            )
             choices.remove(choice)
         return False, None
     for kwargs in non_tensor_args:
@@ -261,13 +283,19 @@ def select_collective_choice(
         dynamo_compile_column_us="compile_time_autotune_time_us",
     ):
         record, by_label = collective_selection.decide_site(
-            name, choices, BenchmarkInputs(selector, input_nodes, layout, input_gen_fns),
-            process_group, min_speedup_threshold, benchmark_with_cudagraphs,
+            name,
+            choices,
+            BenchmarkInputs(selector, input_nodes, layout, input_gen_fns),
+            process_group,
+            min_speedup_threshold,
+            benchmark_with_cudagraphs,
         )
     return _finish(record, by_label)
 
 
-def _finish(record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]) -> ChoiceCaller | RangeWinner:
+def _finish(
+    record: CollectiveAutotuneRecord, by_label: dict[str, ChoiceCaller]
+) -> ChoiceCaller | RangeWinner:
     """Log ``record``, keep it, and return the choice it names."""
     _keep(record)
     choice = by_label.get(record.winner)
@@ -291,8 +319,16 @@ def _keep(record: CollectiveAutotuneRecord) -> None:
     log.info(
         "collective autotuning %s on group %s: %s (%s; %s; tracing the choices %.2f s, compiling "
         "them %.2f s, timing %.2f s, waiting for the group %.2f s, %d Store requests)",
-        record.op, record.group_name, record.winner, record.source.value, record.reason,
-        record.trace_s, record.build_s, record.tuning_s, record.waited_s, record.store_requests,
+        record.op,
+        record.group_name,
+        record.winner,
+        record.source.value,
+        record.reason,
+        record.trace_s,
+        record.build_s,
+        record.tuning_s,
+        record.waited_s,
+        record.store_requests,
     )
     trace_structured(
         "artifact",

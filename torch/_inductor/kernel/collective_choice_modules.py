@@ -45,7 +45,12 @@ class Neighbours:
     consumer: bool = False
 
     def __str__(self) -> str:
-        return "+".join(n for n, on in (("producer", self.producer), ("consumer", self.consumer)) if on) or "none"
+        return (
+            "+".join(
+                n for n, on in (("producer", self.producer), ("consumer", self.consumer)) if on
+            )
+            or "none"
+        )
 
     def around(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """``fn`` with the stand-ins of these neighbours around it."""
@@ -100,7 +105,7 @@ class EagerModule:
     sym_inputs: int
 
     def call(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        return [self.run(*args[self.sym_inputs:])]
+        return [self.run(*args[self.sym_inputs :])]
 
 
 def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:

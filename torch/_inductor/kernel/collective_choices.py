@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 import torch
 from torch._inductor.kernel.collective_detection import op_name
 from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
-
+from torch._inductor.runtime.collective_protocol import describe
 
 if TYPE_CHECKING:
     from torch._inductor.ir import ChoiceCaller
@@ -75,8 +75,15 @@ def _digest_into(fn: Any, parts: list[Any], seen: set[int]) -> None:
     if not isinstance(code, types.CodeType):
         parts.append(("object", type(fn).__qualname__))
         return
-    parts.append((fn.__module__, fn.__qualname__, _code(code), _simple(fn.__defaults__),
-                  _simple(fn.__kwdefaults__)))
+    parts.append(
+        (
+            fn.__module__,
+            fn.__qualname__,
+            _code(code),
+            _simple(fn.__defaults__),
+            _simple(fn.__kwdefaults__),
+        )
+    )
     for cell in fn.__closure__ or ():
         try:
             value = cell.cell_contents
@@ -96,7 +103,9 @@ def _digest_into(fn: Any, parts: list[Any], seen: set[int]) -> None:
 
 
 def _code(code: types.CodeType) -> tuple[Any, ...]:
-    consts = tuple(_code(c) if isinstance(c, types.CodeType) else _simple(c) for c in code.co_consts)
+    consts = tuple(
+        _code(c) if isinstance(c, types.CodeType) else _simple(c) for c in code.co_consts
+    )
     return code.co_code, consts, code.co_names
 
 
@@ -144,8 +153,14 @@ def register(op: Any, configs: Sequence[Any], collective: bool) -> None:
     _collective[op_name(op)] = collective
     if collective:
         schema = schema_arguments(op)
-        identities(op, [(label(c.decomposition.__name__, c.params, schema), c.decomposition)
-                        for c in configs if c.decomposition is not None])
+        identities(
+            op,
+            [
+                (label(c.decomposition.__name__, c.params, schema), c.decomposition)
+                for c in configs
+                if c.decomposition is not None
+            ],
+        )
 
 
 def is_registered_collective(op: Any) -> bool:
@@ -153,7 +168,9 @@ def is_registered_collective(op: Any) -> bool:
     return _collective.get(op_name(op), False)
 
 
-def identities(op: Any, implementations: Sequence[tuple[str, Callable[..., Any]]]) -> dict[str, str]:
+def identities(
+    op: Any, implementations: Sequence[tuple[str, Callable[..., Any]]]
+) -> dict[str, str]:
     """The code identity of ``op``'s own implementation and of each of its labelled
     ``implementations``, by "op/label" (noted as their current code)."""
     name = op_name(op) if op is not None else ""
@@ -222,8 +239,10 @@ def guarded_implementation(decomposition: Callable[..., Any], op: Any) -> Callab
         except guard_errors:
             raise
         except Exception as e:  # noqa: BLE001 - reported to the group by the choice
-            guarded.trace_failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"  # type: ignore[attr-defined]
-            log.debug("implementation %s raised while traced", decomposition.__name__, exc_info=True)
+            guarded.trace_failure = describe(e)  # type: ignore[attr-defined]
+            log.debug(
+                "implementation %s raised while traced", decomposition.__name__, exc_info=True
+            )
             return instead(*args, **kwargs)
 
     guarded.trace_failure = ""  # type: ignore[attr-defined]
@@ -252,15 +271,22 @@ def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "_c10d_functional" or target is wait:
+        if (
+            not isinstance(target, torch._ops.OpOverload)
+            or target.namespace != "_c10d_functional"
+            or target is wait
+        ):
             continue
         written = [node]
         if target._schema.is_mutable:  # all_reduce_ and the like write their input too
             written += [a for a in node.args if isinstance(a, torch.fx.Node)]
         for tensor in written:
             for user in tensor.users:
-                if user is not node and user.target is not wait and order[user] > order[node] and not any(
-                    w.target is wait and order[w] < order[user] for w in node.users
+                if (
+                    user is not node
+                    and user.target is not wait
+                    and order[user] > order[node]
+                    and not any(w.target is wait and order[w] < order[user] for w in node.users)
                 ):
                     return (
                         f"reads the output of {target.name()} before wait_tensor (in {user.name}): "
@@ -276,7 +302,9 @@ def writes_into_input(gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]
     if gm is None:
         return ""
     tensors = [
-        n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+        n
+        for n in gm.graph.nodes
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
     ]
     origin = {node: i for i, node in enumerate(tensors)}
     for node in gm.graph.nodes:
@@ -284,12 +312,16 @@ def writes_into_input(gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]
             continue
         schema = node.target._schema
         for argument, value in zip(schema.arguments, node.args):
-            if not (isinstance(value, torch.fx.Node) and value in origin and argument.alias_info is not None):
+            if not (
+                isinstance(value, torch.fx.Node)
+                and value in origin
+                and argument.alias_info is not None
+            ):
                 continue
             if argument.alias_info.is_write and origin[value] not in mutable:
                 return (
-                    f"writes into input {origin[value]} ({node.target.name()}), which the op does not "
-                    "declare it mutates"
+                    f"writes into input {origin[value]} ({node.target.name()}), "
+                    "which the op does not declare it mutates"
                 )
             if any(r.alias_info is not None for r in schema.returns):  # a view of that input
                 origin[node] = origin[value]
@@ -383,8 +415,12 @@ class RangeWinner:
         decomposition = getattr(choice, "decomposition", None)
         op = getattr(getattr(default, "choice", None), "op_overload", None)
         return RangeWinner.create(
-            choice.name, decomposition, getattr(choice, "decomposition_kwargs", {}),
-            getattr(choice, "config_patches", None), op, default,
+            choice.name,
+            decomposition,
+            getattr(choice, "decomposition_kwargs", {}),
+            getattr(choice, "config_patches", None),
+            op,
+            default,
         )
 
     @staticmethod
@@ -398,7 +434,9 @@ class RangeWinner:
     ) -> RangeWinner:
         """The range winner ``decomposition`` (None: the op's own implementation)."""
         if decomposition is None:
-            return RangeWinner(name, the_op_itself(op, schema_arguments(op)), {}, config_patches or {}, default)
+            return RangeWinner(
+                name, the_op_itself(op, schema_arguments(op)), {}, config_patches or {}, default
+            )
         return RangeWinner(name, decomposition, kwargs, config_patches or {}, default)
 
     def output_node(self) -> Any:

@@ -17,7 +17,6 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._inductor.runtime.collective_benchmarking import is_collective_op
 
-
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 

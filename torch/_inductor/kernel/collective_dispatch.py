@@ -44,7 +44,7 @@ from torch._inductor.kernel.collective_choice_modules import (
 )
 from torch._inductor.kernel.collective_detection import names_a_collective
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
-
+from torch._inductor.runtime.collective_protocol import describe
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,10 @@ class Ladder:
     @property
     def ranges(self) -> list[tuple[int, float]]:
         """The ranges (start, end], in the order they are tuned: coarse to fine."""
-        bounds = [(start, float(end)) for start, end in zip((1, *(p + 1 for p in self.points)), (*self.points, math.inf))]
+        bounds = [
+            (start, float(end))
+            for start, end in zip((1, *(p + 1 for p in self.points)), (*self.points, math.inf))
+        ]
         return [bounds[i] for i in _bisection_order(len(bounds))]
 
 
@@ -105,7 +108,11 @@ def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional
         ladders[n] = names
     log.info(
         "%s has a dynamic size along dim %d of %s (up to %d): tuned at %s",
-        name, dim, ladder.tensor_name, upper, [*points, upper],
+        name,
+        dim,
+        ladder.tensor_name,
+        upper,
+        [*points, upper],
     )
     return ladder
 
@@ -139,7 +146,9 @@ def interpolated(
     timing it, and why: the common winner of its nearest decided neighbours below and
     above, when they agree. ``decided`` gives a range's decision by its name (None
     while undecided)."""
-    below, above = _nearest_decided(ladder, name, decided, -1), _nearest_decided(ladder, name, decided, 1)
+    below, above = _nearest_decided(ladder, name, decided, -1), _nearest_decided(
+        ladder, name, decided, 1
+    )
     if below is None or above is None or below[1] != above[1]:
         return None
     return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
@@ -165,13 +174,15 @@ def _nearest_decided(
     """(range name, winner) of the nearest decided range of ``ladder`` below (step -1)
     or above (step 1) range ``name``; None where there is none."""
     i = list(ladder).index(name)
-    side = reversed(ladder[:i]) if step < 0 else ladder[i + 1:]
+    side = reversed(ladder[:i]) if step < 0 else ladder[i + 1 :]
     return next(((n, w) for n in side if (w := decided(n)) is not None), None)
 
 
 # Benchmark modules of the implementations of range-based ops, per graph being
 # lowered: see benchmark_module. None where an implementation has no size-generic module.
-_benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
+_benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def benchmark_module(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE) -> Any:
@@ -201,7 +212,9 @@ def benchmark_module(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE
         counters["inductor"]["collective_autotune_range_builds"] += 1
         generic = _size_generic_module(choice, neighbours, stage)
         # A deferred load is kept as the load itself, done once for every range.
-        modules[key] = functools.cache(generic) if stage.defer_load and generic is not None else generic
+        modules[key] = (
+            functools.cache(generic) if stage.defer_load and generic is not None else generic
+        )
     if modules[key] is None:  # without a size-generic module: this range's own, at its size
         return module_for_benchmark(choice, neighbours, stage)
     return modules[key]
@@ -221,8 +234,9 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
         return compiled_module(choice, neighbours.around(implementation_of(choice)), True, stage)
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
-            "%s is compiled for the benchmark at each range's size: no size-generic module (%s: %s)",
-            choice.decomposition.__name__, type(e).__name__, str(e).splitlines()[0] if str(e) else "",
+            "%s is compiled for the benchmark at each range's size: no size-generic module (%s)",
+            choice.decomposition.__name__,
+            describe(e),
         )
         log.debug("no size-generic module of %s", choice.name, exc_info=True)
         return None
@@ -311,7 +325,8 @@ def lower_size_dispatch(
     result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
     log.info(
         "%s dispatches by size along dim %d: %s",
-        name, dim,
+        name,
+        dim,
         ", ".join(f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches),
     )
     return result
@@ -342,9 +357,11 @@ def _implementation(group: Any, runtime_kwargs: dict[str, Any]) -> Callable[...,
     from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
 
     @torch._dynamo.dont_skip_tracing
-    def run(*tensors: Any, _group: Any = group, _kwargs: Any = (
-        _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
-    )) -> Any:
+    def run(
+        *tensors: Any,
+        _group: Any = group,
+        _kwargs: Any = (_merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)),
+    ) -> Any:
         return _group.impl_func(*tensors, **_kwargs)
 
     return run
@@ -358,9 +375,13 @@ def _dispatch_from(
         return _implementation(branches[i][1], runtime_kwargs)
 
     @torch._dynamo.dont_skip_tracing
-    def choose(*tensors: Any, _top: int = int(branches[i][0]), _dim: int = dim,
-               _taken: Any = _implementation(branches[i][1], runtime_kwargs),
-               _rest: Any = _dispatch_from(branches, i + 1, dim, runtime_kwargs)) -> Any:
+    def choose(
+        *tensors: Any,
+        _top: int = int(branches[i][0]),
+        _dim: int = dim,
+        _taken: Any = _implementation(branches[i][1], runtime_kwargs),
+        _rest: Any = _dispatch_from(branches, i + 1, dim, runtime_kwargs),
+    ) -> Any:
         return torch.cond(tensors[0].size(_dim) <= _top, _taken, _rest, tensors)
 
     return choose
@@ -388,19 +409,28 @@ def _traced_dispatch_of(
     from torch._inductor.virtualized import V
 
     key = (
-        str(op), dim, repr(sorted(runtime_kwargs.items())),
-        tuple((top, group.impl_name, repr(sorted(group.impl_kwargs.items()))) for top, group in branches),
+        str(op),
+        dim,
+        repr(sorted(runtime_kwargs.items())),
+        tuple(
+            (top, group.impl_name, repr(sorted(group.impl_kwargs.items())))
+            for top, group in branches
+        ),
         tuple(map(_layout_of, tensor_inputs)),
     )
     traced = _traced_dispatches.setdefault(V.graph, {})
     if key not in traced:
         counters["inductor"]["collective_autotune_dispatch_traces"] += 1
-        traced[key] = _traced_dispatch(_dispatch_from(branches, 0, dim, runtime_kwargs), tensor_inputs)
+        traced[key] = _traced_dispatch(
+            _dispatch_from(branches, 0, dim, runtime_kwargs), tensor_inputs
+        )
     # The graph copied (its nodes' metadata shallowly): each site renames its branches.
     return torch.fx.GraphModule(traced[key], copy.deepcopy(traced[key].graph))
 
 
-def _traced_dispatch(dispatch: Callable[..., Any], tensor_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+def _traced_dispatch(
+    dispatch: Callable[..., Any], tensor_inputs: Sequence[Any]
+) -> torch.fx.GraphModule:
     """``dispatch`` traced on the op's inputs, adding no guard to their sizes."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.ir import ir_node_to_tensor

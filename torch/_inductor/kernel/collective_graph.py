@@ -38,6 +38,7 @@ from torch._inductor.kernel.collective_choices import current_identity, is_regis
 from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, op_name
 from torch._inductor.kernel.collective_records import (
     Action,
+    cleared_with_inductor_caches,
     CollectiveAutotuneRecord,
     keep_record,
     Source,
@@ -56,7 +57,6 @@ from torch._inductor.runtime.collective_protocol import (
     GroupDecisions,
     participant,
 )
-
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -97,7 +97,11 @@ def _site(node: torch.fx.Node) -> tuple[str, str]:
     group = ""
     parts = [op_name(node.target)]
     for i, argument in enumerate(schema.arguments):
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name, argument.default_value)
+        value = (
+            node.args[i]
+            if i < len(node.args)
+            else node.kwargs.get(argument.name, argument.default_value)
+        )
         if argument.name in GROUP_ARGUMENTS:
             group = _group_name(value)
             continue
@@ -169,27 +173,14 @@ class GroupSession:
         return self.session.votes
 
 
-class _PendingSessions(dict[tuple[str, str], GroupSession]):
-    """Sessions joined by a cache hit that the group turned into a compile: the compile
-    that follows takes them over, as a participant. Cleared with Inductor's caches."""
-
-    def cache_clear(self) -> None:
-        self.clear()
-
-
-_pending = _PendingSessions()
-
-
-def _register_pending() -> None:
-    from torch._inductor.utils import clear_on_fresh_cache
-
-    clear_on_fresh_cache(_pending)
-
-
-_register_pending()
+# Sessions joined by a cache hit that the group turned into a compile: the compile that
+# follows takes them over, as a participant.
+_pending: dict[tuple[str, str], GroupSession] = cleared_with_inductor_caches({})
 
 # The sessions of each graph being lowered, by group name: they live as long as it.
-_graph_sessions: weakref.WeakKeyDictionary[Any, dict[str, GroupSession]] = weakref.WeakKeyDictionary()
+_graph_sessions: weakref.WeakKeyDictionary[Any, dict[str, GroupSession]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSession:
@@ -209,7 +200,9 @@ def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSessio
         for name in sorted(plan):
             member = _resolve(name)
             if member is not None:
-                sessions[name] = _join(member, digest(plan[name], _timing_context()), settings, loaded="")
+                sessions[name] = _join(
+                    member, digest(plan[name], _timing_context()), settings, loaded=""
+                )
         _graph_sessions[graph] = sessions
     if group.group_name not in sessions:
         # A site that the plan could not see (its op hides that it communicates, or
@@ -253,8 +246,12 @@ def _join(
     counters["inductor"]["collective_autotune_sessions"] += 1
     member = participant(settings.timeout)
     session = CollectiveSession(
-        member, group.group_name, name, dist.get_rank(group),
-        dist.get_process_group_ranks(group), settings.timeout,
+        member,
+        group.group_name,
+        name,
+        dist.get_rank(group),
+        dist.get_process_group_ranks(group),
+        settings.timeout,
     )
     decision = session.agree(
         {"loaded": loaded, "settings": settings.knobs()},
@@ -263,7 +260,9 @@ def _join(
     )
     if decision.kind == DecisionKind.MISMATCH:
         raise CollectiveAutotuneError(f"group {group.group_name}: {decision.reason}")
-    return GroupSession(group, plan, session, decision, group_decisions(group, settings.timeout), settings)
+    return GroupSession(
+        group, plan, session, decision, group_decisions(group, settings.timeout), settings
+    )
 
 
 def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
@@ -271,8 +270,11 @@ def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
     import torch.distributed as dist
 
     return GroupDecisions(
-        participant(timeout), group.group_name, dist.get_process_group_ranks(group),
-        group_scope(group), timeout,
+        participant(timeout),
+        group.group_name,
+        dist.get_process_group_ranks(group),
+        group_scope(group),
+        timeout,
     )
 
 
@@ -284,7 +286,9 @@ def _decide_graph(joins: list[dict[str, Any]]) -> Decision:
         return Decision(DecisionKind.MISMATCH, mismatch)
     loaded = [j["loaded"] for j in joins]
     if loaded[0] and all(x == loaded[0] for x in loaded):
-        return Decision(DecisionKind.LOAD, "every rank loaded the same compiled graph from its cache")
+        return Decision(
+            DecisionKind.LOAD, "every rank loaded the same compiled graph from its cache"
+        )
     hits = [r for r, x in enumerate(loaded) if x]
     if not hits:
         return Decision(DecisionKind.COMPILE, "every rank compiles the graph")
@@ -354,7 +358,13 @@ class SiteReport:
     def decode(raw: str) -> SiteReport:
         d = json.loads(raw)
         return SiteReport(
-            d["key"], tuple(d["choices"]), d["decided"], d["stored"], d["stored_winner"], d["failed"], d["built"]
+            d["key"],
+            tuple(d["choices"]),
+            d["decided"],
+            d["stored"],
+            d["stored_winner"],
+            d["failed"],
+            d["built"],
         )
 
 
@@ -395,7 +405,12 @@ def agree_key(
     """
     settled = session.settled.get(key)
     if settled is not None:
-        return SiteDecision(Action.USE, (settled.winner,), SETTLED_IN_GRAPH, Source.JOB, settled.provisional), session
+        return (
+            SiteDecision(
+                Action.USE, (settled.winner,), SETTLED_IN_GRAPH, Source.JOB, settled.provisional
+            ),
+            session,
+        )
     if not session.votes:
         followed = _follow(session, key, default)
         if followed is not None:
@@ -405,7 +420,9 @@ def agree_key(
         # forward's, say): the key gets a session of its own. What it settles is
         # settled in this graph, for the key's later sites to reuse untraced.
         session = dataclasses.replace(
-            _join(session.group, session.plan, session.settings, loaded="", name=digest(key, "key")),
+            _join(
+                session.group, session.plan, session.settings, loaded="", name=digest(key, "key")
+            ),
             plan=session.plan,
             settled=session.settled,
             inlined=session.inlined,
@@ -424,10 +441,20 @@ def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecis
     if session.decision.kind == DecisionKind.FALLBACK:
         # The group did not assemble: the op's own implementation, unless the key
         # was decided before (the same words on the rank that decides and those late).
-        winner, provisional = (stored.winner, stored.provisional) if stored is not None else (default, True)
-        return SiteDecision(Action.USE, (winner,), session.decision.reason, Source.AGREEMENT, provisional)
+        winner, provisional = (
+            (stored.winner, stored.provisional) if stored is not None else (default, True)
+        )
+        return SiteDecision(
+            Action.USE, (winner,), session.decision.reason, Source.AGREEMENT, provisional
+        )
     if stored is not None:
-        return SiteDecision(Action.USE, (stored.winner,), "decided earlier in this job", Source.JOB, stored.provisional)
+        return SiteDecision(
+            Action.USE,
+            (stored.winner,),
+            "decided earlier in this job",
+            Source.JOB,
+            stored.provisional,
+        )
     if session.decision.kind == DecisionKind.LOAD:
         # The ranks that loaded the graph publish its decisions right away.
         return _published(session, key, default)
@@ -440,9 +467,15 @@ def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
     stored = session.decisions.wait(key)
     if stored is not None:
         choice = GroupChoice.decode(stored)
-        return SiteDecision(Action.USE, (choice.winner,), "decided by the group", Source.JOB, choice.provisional)
+        return SiteDecision(
+            Action.USE, (choice.winner,), "decided by the group", Source.JOB, choice.provisional
+        )
     return SiteDecision(
-        Action.USE, (default,), "the group did not publish a decision in time", Source.AGREEMENT, provisional=True
+        Action.USE,
+        (default,),
+        "the group did not publish a decision in time",
+        Source.AGREEMENT,
+        provisional=True,
     )
 
 
@@ -460,15 +493,22 @@ def _vote_key(
         # what a peer read), so build them first and vote once on both.
         runnable = [n for n in report.choices if n not in report.failed]
         with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
-            report = dataclasses.replace(report, failed={**build(runnable), **report.failed}, built=True)
+            report = dataclasses.replace(
+                report, failed={**build(runnable), **report.failed}, built=True
+            )
     reports = [SiteReport.decode(r) for r in session.session.vote(topic, report.encode())]
     published = next((GroupChoice.decode(r.decided) for r in reports if r.decided), None)
     if published is not None:
         return SiteDecision(
-            Action.USE, (published.winner,), "decided earlier in this job", Source.JOB, published.provisional
+            Action.USE,
+            (published.winner,),
+            "decided earlier in this job",
+            Source.JOB,
+            published.provisional,
         )
     differing = [
-        r for r, rep in enumerate(reports)
+        r
+        for r, rep in enumerate(reports)
         if (rep.key, rep.choices) != (reports[0].key, reports[0].choices)
     ]
     choices = reports[0].choices
@@ -476,10 +516,12 @@ def _vote_key(
         common = [n for n in choices if all(n in rep.choices for rep in reports)]
         chosen = default if default in common else (common or [default])[0]
         return SiteDecision(
-            Action.USE, (chosen,),
+            Action.USE,
+            (chosen,),
             f"group ranks {differing} tune a different op, shape or choice list than "
             f"group rank 0; all use {chosen}",
-            Source.AGREEMENT, provisional=True,
+            Source.AGREEMENT,
+            provisional=True,
         )
     failed = _failures([rep.failed for rep in reports])
     stored = {rep.stored for rep in reports}
@@ -488,12 +530,16 @@ def _vote_key(
         verdict = _verify_stored(session, topic, winner, default, build, verify)
         if not verdict:
             return SiteDecision(
-                Action.USE, (winner,),
-                "every rank holds the same stored decision, which passed its screen again", Source.DISK,
+                Action.USE,
+                (winner,),
+                "every rank holds the same stored decision, which passed its screen again",
+                Source.DISK,
             )
         log.warning(
             "the stored decision for %s (winner %s) is not used: %s; tuning afresh",
-            topic, winner, verdict,
+            topic,
+            winner,
+            verdict,
         )
         failed[winner] = f"the stored winner {verdict}"
     if not all(rep.built for rep in reports):
@@ -507,15 +553,24 @@ def _vote_key(
     runnable = [n for n in choices if n not in failed]
     note = "".join(f"; dropped {name} ({why})" for name, why in sorted(failed.items()))
     if not runnable:
-        return SiteDecision(Action.USE, (default,), f"no choice builds on every rank{note}", Source.AGREEMENT)
+        return SiteDecision(
+            Action.USE, (default,), f"no choice builds on every rank{note}", Source.AGREEMENT
+        )
     if len(runnable) == 1:
         return SiteDecision(
-            Action.USE, tuple(runnable), f"the only choice built on every rank{note}", Source.AGREEMENT
+            Action.USE,
+            tuple(runnable),
+            f"the only choice built on every rank{note}",
+            Source.AGREEMENT,
         )
     if not timing_allowed:
         chosen = default if default in runnable else runnable[0]
-        return SiteDecision(Action.USE, (chosen,), f"config.deterministic: untimed{note}", Source.AGREEMENT)
-    return SiteDecision(Action.BENCHMARK, tuple(runnable), f"benchmarked on every rank{note}", Source.BENCHMARK)
+        return SiteDecision(
+            Action.USE, (chosen,), f"config.deterministic: untimed{note}", Source.AGREEMENT
+        )
+    return SiteDecision(
+        Action.BENCHMARK, tuple(runnable), f"benchmarked on every rank{note}", Source.BENCHMARK
+    )
 
 
 def _verify_stored(
@@ -530,7 +585,9 @@ def _verify_stored(
     return verify(winner, session)
 
 
-def _built(session: GroupSession, topic: str, build: Build, labels: Sequence[str]) -> dict[str, str]:
+def _built(
+    session: GroupSession, topic: str, build: Build, labels: Sequence[str]
+) -> dict[str, str]:
     """Build ``labels`` on this rank and vote: why each failed, on which ranks."""
     with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
         failures = build(labels)
@@ -575,11 +632,19 @@ def settle_key(
         if stored.winner != choice.winner:
             log.info(
                 "key %s: the group had decided %s already; using it instead of %s",
-                key, stored.winner, choice.winner,
+                key,
+                stored.winner,
+                choice.winner,
             )
         session.settled[key] = stored
     session.inlined[key] = InlinedDecision(
-        session.group.group_name, session.plan, key, stored.winner, op, environment, code,
+        session.group.group_name,
+        session.plan,
+        key,
+        stored.winner,
+        op,
+        environment,
+        code,
         stored.provisional,
     )
     return stored
@@ -648,7 +713,9 @@ def _group_loads(
     current = {key: decided(known, key) for key in embedded}
     if all(v is not None for v in current.values()):
         if current != embedded:
-            log.info("a cached graph inlines %s, the group decided %s: compiling it", embedded, current)
+            log.info(
+                "a cached graph inlines %s, the group decided %s: compiling it", embedded, current
+            )
             return False
         return True
     if (group_name, plan) in _pending:  # this hit's graph was already decided to be compiled
@@ -665,7 +732,8 @@ def _group_loads(
             _pending[(group_name, plan)] = joined
         return False
     return all(
-        GroupChoice.decode(joined.decisions.publish(k, v.encode())) == v for k, v in embedded.items()
+        GroupChoice.decode(joined.decisions.publish(k, v.encode())) == v
+        for k, v in embedded.items()
     )
 
 
@@ -678,7 +746,9 @@ def _why_not_loadable(group: ProcessGroup, inlined: list[InlinedDecision]) -> st
             return f"its decision for {d.op} was a fallback of an earlier job"
         if d.environment != current_environment(group, d.environment):
             return f"its decision for {d.op} was made in {d.environment}"
-        changed = sorted(name for name, identity in d.code.items() if current_identity(name) != identity)
+        changed = sorted(
+            name for name, identity in d.code.items() if current_identity(name) != identity
+        )
         if changed:
             return f"the implementations {changed} of {d.op} changed since it was compiled"
     return ""
@@ -691,9 +761,16 @@ def _keep_cached(decision: InlinedDecision) -> None:
     group = torch._C._distributed_c10d._resolve_process_group(decision.group_name)
     keep_record(
         CollectiveAutotuneRecord(
-            decision.op, decision.group_name, tuple(dist.get_process_group_ranks(group)),
-            decision.key, decision.plan, Action.USE, Source.CACHE,
-            "inlined in a compiled graph loaded from the cache; the group agrees", (),
-            decision.winner, provisional=decision.provisional,
+            decision.op,
+            decision.group_name,
+            tuple(dist.get_process_group_ranks(group)),
+            decision.key,
+            decision.plan,
+            Action.USE,
+            Source.CACHE,
+            "inlined in a compiled graph loaded from the cache; the group agrees",
+            (),
+            decision.winner,
+            provisional=decision.provisional,
         )
     )

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Mapping, Sequence, TYPE_CHECKING
+import types
+from typing import Any, Mapping, Sequence, TYPE_CHECKING, TypeVar
 
 from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 from torch._inductor.runtime.collective_decisions import digest
-
 
 if TYPE_CHECKING:
     from torch._inductor.kernel.collective_choice_modules import Neighbours
@@ -63,8 +63,13 @@ def site_key(
     fuses with (the same op may win alone and lose between pointwise neighbours), and
     the code identity of every implementation (a changed implementation is a new key)."""
     return digest(
-        name, [_node_meta(n) for n in inputs], list(labels), mode, min_speedup_threshold,
-        str(neighbours), sorted(code.items()),
+        name,
+        [_node_meta(n) for n in inputs],
+        list(labels),
+        mode,
+        min_speedup_threshold,
+        str(neighbours),
+        sorted(code.items()),
     )
 
 
@@ -117,23 +122,20 @@ class CollectiveAutotuneRecord:
     store_requests: int = dataclasses.field(default=0, compare=False)
 
 
-class _Records(list[CollectiveAutotuneRecord]):
-    """This process's decision records, cleared with Inductor's caches."""
-
-    def cache_clear(self) -> None:
-        self.clear()
+_State = TypeVar("_State", list[Any], dict[Any, Any])
 
 
-_records = _Records()
-
-
-def _register_records() -> None:
+def cleared_with_inductor_caches(state: _State) -> _State:
+    """``state`` (a list or dict this package keeps between compiles), emptied by
+    Inductor's ``fresh_cache`` with Inductor's own caches."""
     from torch._inductor.utils import clear_on_fresh_cache
 
-    clear_on_fresh_cache(_records)
+    clear_on_fresh_cache(types.SimpleNamespace(cache_clear=state.clear))
+    return state
 
 
-_register_records()
+# This process's decision records.
+_records: list[CollectiveAutotuneRecord] = cleared_with_inductor_caches([])
 
 
 def collective_autotune_records() -> list[CollectiveAutotuneRecord]:

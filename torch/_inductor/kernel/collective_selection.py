@@ -32,9 +32,23 @@ from torch._inductor.kernel.collective_choices import (
     trace_failure,
     writes_into_input,
 )
-from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, names_a_collective, resolve_group
-from torch._inductor.kernel.collective_graph import GroupChoice, GroupSession, SiteDecision, SiteReport
-from torch._inductor.kernel.collective_records import Action, CollectiveAutotuneRecord, site_key, Source
+from torch._inductor.kernel.collective_detection import (
+    GROUP_ARGUMENTS,
+    names_a_collective,
+    resolve_group,
+)
+from torch._inductor.kernel.collective_graph import (
+    GroupChoice,
+    GroupSession,
+    SiteDecision,
+    SiteReport,
+)
+from torch._inductor.kernel.collective_records import (
+    Action,
+    CollectiveAutotuneRecord,
+    site_key,
+    Source,
+)
 from torch._inductor.kernel.collective_timing import (
     benchmark,
     BenchmarkInputs,
@@ -44,10 +58,13 @@ from torch._inductor.kernel.collective_timing import (
     timed_with,
     timing_mode,
 )
-from torch._inductor.runtime.collective_benchmarking import benchmark_device, BenchmarkSettings, ChoiceTiming
+from torch._inductor.runtime.collective_benchmarking import (
+    benchmark_device,
+    BenchmarkSettings,
+    ChoiceTiming,
+)
 from torch._inductor.runtime.collective_decisions import DecisionStore, environment, StoredDecision
 from torch._inductor.runtime.collective_protocol import participant
-
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -128,8 +145,19 @@ def prepare_site(
     code = identities(op, list(zip(labels, implementations)))
     key = site_key(name, inputs, all_labels, mode, min_speedup_threshold, neighbours, code)
     site = CallSite(
-        name, op, group, settings, device, mode, all_labels, code, inputs, min_speedup_threshold, neighbours,
-        key, mutable=mutable_inputs(op),
+        name,
+        op,
+        group,
+        settings,
+        device,
+        mode,
+        all_labels,
+        code,
+        inputs,
+        min_speedup_threshold,
+        neighbours,
+        key,
+        mutable=mutable_inputs(op),
     )
     _prepared[V.graph][name] = site
     return site
@@ -146,18 +174,38 @@ def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
     as :func:`decide_site` would.
     """
     session = collective_graph.joined_session(site.group)
-    if session is None or not collective_dispatch.is_range(site.name) or site.key not in session.settled:
+    if (
+        session is None
+        or not collective_dispatch.is_range(site.name)
+        or site.key not in session.settled
+    ):
         return None
     from torch._dynamo.utils import counters
 
     counters["inductor"]["collective_autotune_sites"] += 1
     started = time.monotonic()
     choice = collective_graph.settle_key(
-        session, site.key, session.settled[site.key], site.name, environment(site.group, site.device), site.code
+        session,
+        site.key,
+        session.settled[site.key],
+        site.name,
+        environment(site.group, site.device),
+        site.code,
     )
-    return _record(site, session, SiteDecision(
-        Action.USE, (choice.winner,), collective_graph.SETTLED_IN_GRAPH, Source.JOB, choice.provisional
-    ), (), choice.winner, started)
+    return _record(
+        site,
+        session,
+        SiteDecision(
+            Action.USE,
+            (choice.winner,),
+            collective_graph.SETTLED_IN_GRAPH,
+            Source.JOB,
+            choice.provisional,
+        ),
+        (),
+        choice.winner,
+        started,
+    )
 
 
 def decided_before_tracing(site: CallSite) -> Optional[str]:
@@ -171,8 +219,13 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
 
     def key_of(range_name: str) -> str:
         return site_key(
-            range_name, site.inputs, site.labels, site.mode, site.min_speedup_threshold,
-            site.neighbours, site.code,
+            range_name,
+            site.inputs,
+            site.labels,
+            site.mode,
+            site.min_speedup_threshold,
+            site.neighbours,
+            site.code,
         )
 
     def winner_of(range_name: str) -> Optional[str]:
@@ -183,11 +236,14 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
     # Every rank interpolates alike, whoever published first.
     between = collective_dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
     if between is not None:
-        _prepared_sites()[site.name] = dataclasses.replace(site, source=Source.LADDER, reason=between[1])
+        _prepared_sites()[site.name] = dataclasses.replace(
+            site, source=Source.LADDER, reason=between[1]
+        )
         published = decisions.publish(site.key, GroupChoice(between[0]).encode())
         return GroupChoice.decode(published).winner
     _prepared_sites()[site.name] = dataclasses.replace(
-        site, below=collective_dispatch.decided_below(ladder, site.name, winner_of) if ladder else None
+        site,
+        below=collective_dispatch.decided_below(ladder, site.name, winner_of) if ladder else None,
     )
     choice = collective_graph.decided(decisions, site.key)
     return None if choice is None else choice.winner
@@ -196,7 +252,9 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
 def mutable_inputs(op: Any) -> tuple[int, ...]:
     """The positions, among ``op``'s tensor arguments, of those it declares it writes."""
     arguments = [a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)]
-    return tuple(i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write)
+    return tuple(
+        i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
 
 
 def _prepared_sites() -> dict[str, CallSite]:
@@ -227,13 +285,30 @@ def decide_site(
     prepared = _prepared_sites().pop(name, None)
     by_label = {choice_label(c, prepared.op if prepared else None): c for c in choices}
     if not config.collective_autotune:
-        return CollectiveAutotuneRecord(
-            name, process_group.group_name, tuple(dist.get_process_group_ranks(process_group)), "", "",
-            Action.USE, Source.AGREEMENT, "collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)",
-            (), DEFAULT,
-        ), by_label
+        return (
+            CollectiveAutotuneRecord(
+                name,
+                process_group.group_name,
+                tuple(dist.get_process_group_ranks(process_group)),
+                "",
+                "",
+                Action.USE,
+                Source.AGREEMENT,
+                "collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)",
+                (),
+                DEFAULT,
+            ),
+            by_label,
+        )
     site = _site_after_tracing(
-        prepared, name, by_label, choices, inputs, process_group, min_speedup_threshold, benchmark_with_cudagraphs
+        prepared,
+        name,
+        by_label,
+        choices,
+        inputs,
+        process_group,
+        min_speedup_threshold,
+        benchmark_with_cudagraphs,
     )
     counters["inductor"]["collective_autotune_sites"] += 1
     member = participant(site.settings.timeout)
@@ -241,23 +316,38 @@ def decide_site(
     session = collective_graph.session_for(process_group, site.settings)
     work = _SiteWork(site, by_label, choices, inputs)
     decision, voting = collective_graph.agree_key(
-        session, site.key, lambda: work.report(session), DEFAULT, work.build, work.verify,
+        session,
+        site.key,
+        lambda: work.report(session),
+        DEFAULT,
+        work.build,
+        work.verify,
         timing_allowed=not config.deterministic,
     )
     timings, winner, reason = work.timed_winner(decision, voting)
     decision = dataclasses.replace(decision, reason=reason)
     source, winner, reason = _settled(site, decision, voting, timings, winner)
-    record = _record(site, voting, dataclasses.replace(decision, source=source, reason=reason), timings, winner, started)
+    record = _record(
+        site,
+        voting,
+        dataclasses.replace(decision, source=source, reason=reason),
+        timings,
+        winner,
+        started,
+    )
     waited_s = member.waited_s - waited_before
-    return dataclasses.replace(
-        record,
-        waited_s=waited_s,
-        build_s=work.build_s,
-        trace_s=started - site.prepared_at if prepared is not None else 0.0,
-        phases=tuple(work.phases.items()),
-        store_requests=member.client.requests - requests_before,
-        tuning_s=record.tuning_s - work.build_s - waited_s,
-    ), by_label
+    return (
+        dataclasses.replace(
+            record,
+            waited_s=waited_s,
+            build_s=work.build_s,
+            trace_s=started - site.prepared_at if prepared is not None else 0.0,
+            phases=tuple(work.phases.items()),
+            store_requests=member.client.requests - requests_before,
+            tuning_s=record.tuning_s - work.build_s - waited_s,
+        ),
+        by_label,
+    )
 
 
 def _site_after_tracing(
@@ -279,13 +369,29 @@ def _site_after_tracing(
     device = benchmark_device(inputs.layout.device)
     mode = timing_mode(settings, device, benchmark_with_cudagraphs)
     labels = tuple(by_label)
-    code = identities(None, [(lbl, c.decomposition) for lbl, c in by_label.items()
-                             if getattr(c, "decomposition", None) is not None])
+    code = identities(
+        None,
+        [
+            (lbl, c.decomposition)
+            for lbl, c in by_label.items()
+            if getattr(c, "decomposition", None) is not None
+        ],
+    )
     neighbours = timed_with(Neighbours(), choices)
     key = site_key(name, inputs.input_nodes, labels, mode, min_speedup_threshold, neighbours, code)
     return CallSite(
-        name, None, group, settings, device, mode, labels, code, inputs.input_nodes, min_speedup_threshold,
-        neighbours, key,
+        name,
+        None,
+        group,
+        settings,
+        device,
+        mode,
+        labels,
+        code,
+        inputs.input_nodes,
+        min_speedup_threshold,
+        neighbours,
+        key,
     )
 
 
@@ -315,9 +421,19 @@ class _SiteWork:
             stored=persisted.digest() if persisted else "",
             stored_winner=persisted.winner if persisted else "",
             failed={
-                **{label: "not traced on this rank" for label in self.site.labels if label not in self.by_label},
-                **{label: why for label, c in self.by_label.items()
-                   if (why := trace_failure(c) or writes_into_input(getattr(c, "gm", None), self.site.mutable))},
+                **{
+                    label: "not traced on this rank"
+                    for label in self.site.labels
+                    if label not in self.by_label
+                },
+                **{
+                    label: why
+                    for label, c in self.by_label.items()
+                    if (
+                        why := trace_failure(c)
+                        or writes_into_input(getattr(c, "gm", None), self.site.mutable)
+                    )
+                },
             },
         )
 
@@ -335,8 +451,15 @@ class _SiteWork:
         rank: "" where it passed, else why not."""
         with no_python_dispatcher():
             return screen_stored(
-                self.inputs, self.by_label, winner, self.site.group, self.site.settings, self.site.mode,
-                session.session.scoped(self.site.key), self.site.neighbours, self.site.mutable,
+                self.inputs,
+                self.by_label,
+                winner,
+                self.site.group,
+                self.site.settings,
+                self.site.mode,
+                session.session.scoped(self.site.key),
+                self.site.neighbours,
+                self.site.mutable,
             )
 
     def timed_winner(
@@ -353,9 +476,16 @@ class _SiteWork:
         site = self.site
         with no_python_dispatcher():
             timings, self.phases = benchmark(
-                self.inputs, self.by_label, picked, site.group, site.settings, site.mode,
-                voting.session.scoped(site.key), keep_default=site.min_speedup_threshold > 1.0,
-                neighbours=site.neighbours, mutable=site.mutable,
+                self.inputs,
+                self.by_label,
+                picked,
+                site.group,
+                site.settings,
+                site.mode,
+                voting.session.scoped(site.key),
+                keep_default=site.min_speedup_threshold > 1.0,
+                neighbours=site.neighbours,
+                mutable=site.mutable,
             )
         winner, picked_because = pick(picked, timings, site.min_speedup_threshold, site.below)
         return tuple(timings), winner, f"{decision.reason}; {picked_because}"
@@ -380,7 +510,9 @@ def _settled(
     if site.source is not None and source == Source.JOB:
         return site.source, winner, site.reason
     if source == Source.BENCHMARK and _persistence_on():
-        DecisionStore().save(StoredDecision(site.key, env, winner, {t.name: t.max_us for t in timings}))
+        DecisionStore().save(
+            StoredDecision(site.key, env, winner, {t.name: t.max_us for t in timings})
+        )
     return source, winner, reason
 
 

@@ -27,6 +27,7 @@ from torch._inductor.kernel.collective_choice_modules import (
     START,
 )
 from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory
+from torch._inductor.runtime.collective_protocol import describe
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
     Candidate,
@@ -36,7 +37,6 @@ from torch._inductor.runtime.collective_benchmarking import (
     ScreenInputs,
     TIE_FRACTION,
 )
-
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -108,7 +108,9 @@ def build(
     return failures
 
 
-def _start(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours) -> Callable[[], None]:
+def _start(
+    name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours
+) -> Callable[[], None]:
     """Start building ``choice``; the function that finishes it (its module loaded)."""
     if needs_symmetric_memory(choice) and device.type != "cuda":
         raise RuntimeError("uses symmetric memory, which needs CUDA")
@@ -117,7 +119,11 @@ def _start(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Ne
         return lambda: None
     if choice._compiled_module is not None:  # type: ignore[attr-defined]
         return lambda: None
-    compile_choice = collective_dispatch.benchmark_module if collective_dispatch.is_range(name) else module_for_benchmark
+    compile_choice = (
+        collective_dispatch.benchmark_module
+        if collective_dispatch.is_range(name)
+        else module_for_benchmark
+    )
     if device.type != "cuda":  # lowered, and timed as traced (see eager_module)
         compile_choice(choice, neighbours, LOWER)
         choice._compiled_module = eager_module(choice, neighbours)  # type: ignore[attr-defined]
@@ -133,7 +139,7 @@ def _start(name: str, choice: ChoiceCaller, device: torch.device, neighbours: Ne
 def _failure(choice: ChoiceCaller, error: Exception) -> str:
     """Why building ``choice`` failed, in the words the group reports."""
     log.debug("build failure of %s", choice.name, exc_info=error)
-    return f"does not build ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+    return f"does not build ({describe(error)})"
 
 
 def _prepared_inputs(
@@ -148,7 +154,9 @@ def _prepared_inputs(
     """The candidates ``names`` (labels of ``by_label``) on benchmark inputs made as
     Inductor makes them (in symmetric memory where a choice needs it)."""
     choices = [by_label[n] for n in names]
-    args = inputs.selector.get_inputs(choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns)
+    args = inputs.selector.get_inputs(
+        choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns
+    )
     tensors, _ = args.get_benchmark_tensors(False).unpack()
     tensors = list(tensors)
     available = not any(needs_symmetric_memory(c) for c in choices) or _move_to_symmetric_memory(
@@ -156,8 +164,11 @@ def _prepared_inputs(
     )
     # Vote topics carry these names, so they must be the same on every rank.
     candidates = [
-        Candidate(n, _unavailable("symmetric memory unavailable on this group"))
-        if needs_symmetric_memory(c) and not available else Candidate(n, _runner(c, tensors, neighbours))
+        (
+            Candidate(n, _unavailable("symmetric memory unavailable on this group"))
+            if needs_symmetric_memory(c) and not available
+            else Candidate(n, _runner(c, tensors, neighbours))
+        )
         for n, c in zip(names, choices)
     ]
     return candidates, ScreenInputs(tensors, mutable)
@@ -178,10 +189,16 @@ def benchmark(
     """The group's timings of the choices ``names`` (labels of ``by_label``), in
     lockstep with its other ranks in ``session``; and the seconds each step of the
     benchmark took on this rank."""
-    candidates, screened = _prepared_inputs(inputs, by_label, names, process_group, session, neighbours, mutable)
+    candidates, screened = _prepared_inputs(
+        inputs, by_label, names, process_group, session, neighbours, mutable
+    )
     reference = names.index(DEFAULT) if DEFAULT in names else 0
-    benchmarker = CollectiveBenchmarker(process_group, inputs.layout.device, settings, session, mode)
-    timings = benchmarker.benchmark(candidates, screened, reference, keep=(reference,) if keep_default else ())
+    benchmarker = CollectiveBenchmarker(
+        process_group, inputs.layout.device, settings, session, mode
+    )
+    timings = benchmarker.benchmark(
+        candidates, screened, reference, keep=(reference,) if keep_default else ()
+    )
     return timings, benchmarker.phases
 
 
@@ -199,8 +216,12 @@ def screen_stored(
     """Screen a kept ``winner`` against the op's own implementation on every rank, in
     lockstep: "" where it passed, else why not (the same words on every rank)."""
     names = [DEFAULT, winner]
-    candidates, screened = _prepared_inputs(inputs, by_label, names, process_group, session, neighbours, mutable)
-    benchmarker = CollectiveBenchmarker(process_group, inputs.layout.device, settings, session, mode)
+    candidates, screened = _prepared_inputs(
+        inputs, by_label, names, process_group, session, neighbours, mutable
+    )
+    benchmarker = CollectiveBenchmarker(
+        process_group, inputs.layout.device, settings, session, mode
+    )
     status = benchmarker.screen(candidates, screened, reference=0)[1]
     return "" if status == OK else f"failed its screen: {status}"
 

@@ -19,7 +19,6 @@ from typing import Any
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import participant
 
-
 # The heartbeats of the compiles in progress (None where collective tuning is off).
 _compiling: list[Any] = []
 
@@ -54,7 +53,9 @@ def _start(args: Any = None) -> None:
         # Validated first: a bad knob fails here, naming itself.
         member = participant(BenchmarkSettings.from_config().timeout)
         # (older Dynamo calls its callbacks without arguments)
-        beat = member.liveness.working(f"compiling graph {getattr(args, 'compile_id', '')}".rstrip())
+        beat = member.liveness.working(
+            f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()
+        )
         beat.__enter__()
     _compiling.append(beat)
 

@@ -57,8 +57,13 @@ from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 import torch
 
-from .collective_protocol import CollectiveAutotuneError, Deadline, look_interval, StoreLostError
-
+from .collective_protocol import (
+    CollectiveAutotuneError,
+    Deadline,
+    describe,
+    look_interval,
+    StoreLostError,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -224,12 +229,11 @@ class BenchmarkSettings:
         if problems:
             raise ValueError(
                 "invalid collective autotuning configuration (torch._inductor.config "
-                "or its TORCHINDUCTOR_* variable); expected "
-                + "; ".join(problems)
+                "or its TORCHINDUCTOR_* variable); expected " + "; ".join(problems)
             )
 
     def timing_mode(self, device: torch.device) -> str:
-        """"graph" or "eager": how the op's choices are timed on ``device``."""
+        """ "graph" or "eager": how the op's choices are timed on ``device``."""
         if device.type != "cuda":
             return "eager"
         if self.mode == "auto":
@@ -314,7 +318,9 @@ class CollectiveBenchmarker:
         self.device = benchmark_device(device)
         self.mode = mode or settings.timing_mode(self.device)
         self._min_rounds = (
-            _MIN_EAGER_GPU_ROUNDS if self.mode == "eager" and self.device.type == "cuda" else _MIN_ROUNDS
+            _MIN_EAGER_GPU_ROUNDS
+            if self.mode == "eager" and self.device.type == "cuda"
+            else _MIN_ROUNDS
         )
         self._flag = torch.zeros(1, device=self._comm_device())
         # What went wrong in the group so far, for the message of a later failure.
@@ -350,16 +356,27 @@ class CollectiveBenchmarker:
             marks.append(time.perf_counter())
             timings = self._reduce(candidates, status, batches, samples, skews)
             marks.append(time.perf_counter())
-            self.phases = dict(zip(("screen", "batches", "rounds", "reduce"), (b - a for a, b in zip(marks, marks[1:]))))
+            self.phases = dict(
+                zip(
+                    ("screen", "batches", "rounds", "reduce"),
+                    (b - a for a, b in zip(marks, marks[1:])),
+                )
+            )
             log.info(
                 "timed %d choices (%s) in %.1f ms: screen (every choice's first call) %.1f, "
                 "batches %.1f, %d rounds %.1f, reduce %.1f",
-                len(candidates), self.mode, 1e3 * (marks[-1] - marks[0]), *(1e3 * t for t in list(self.phases.values())[:2]),
-                max(len(s) for s in samples), *(1e3 * t for t in list(self.phases.values())[2:]),
+                len(candidates),
+                self.mode,
+                1e3 * (marks[-1] - marks[0]),
+                *(1e3 * t for t in list(self.phases.values())[:2]),
+                max(len(s) for s in samples),
+                *(1e3 * t for t in list(self.phases.values())[2:]),
             )
             return timings
 
-    def screen(self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference: int = 0) -> list[str]:
+    def screen(
+        self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference: int = 0
+    ) -> list[str]:
         """Only the screen of :meth:`benchmark`: each candidate's status, identical on
         every rank (OK, or why it is dropped)."""
         with self._running(f"screening {', '.join(c.name for c in candidates)}"):
@@ -373,8 +390,10 @@ class CollectiveBenchmarker:
         an error of this rank releases its peers."""
         try:
             liveness = self.session.participant.liveness
-            with liveness.working(doing, beat=False), self._on_device(), _bounded_group_timeout(
-                self.process_group, self.settings.timeout
+            with (
+                liveness.working(doing, beat=False),
+                self._on_device(),
+                _bounded_group_timeout(self.process_group, self.settings.timeout),
             ):
                 yield
         except StoreLostError:
@@ -382,9 +401,13 @@ class CollectiveBenchmarker:
         except Exception as e:
             # A choice that raised while timed, or the group's collectives failed: its
             # peers may wait on this rank in a collective or a vote; release them.
-            error = e if isinstance(e, CollectiveAutotuneError) else CollectiveAutotuneError(
-                f"{doing}: a choice failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                + "".join(f"; {incident}" for incident in self._incidents)
+            error = (
+                e
+                if isinstance(e, CollectiveAutotuneError)
+                else CollectiveAutotuneError(
+                    f"{doing}: a choice failed ({describe(e)})"
+                    + "".join(f"; {incident}" for incident in self._incidents)
+                )
             )
             self.session.abort(str(error))
             raise error from e
@@ -413,7 +436,9 @@ class CollectiveBenchmarker:
             self._barrier(f"screening {candidate.name}")
             inputs.reset()
             try:
-                out, mine[i][2] = self._time_once(candidate.run, f"screening choice {candidate.name}")
+                out, mine[i][2] = self._time_once(
+                    candidate.run, f"screening choice {candidate.name}"
+                )
             except CollectiveAutotuneError:
                 raise
             except Exception as e:  # noqa: BLE001 - the choice's own failure: the group decides
@@ -425,7 +450,7 @@ class CollectiveBenchmarker:
                 reference = out
             mine[i][:2] = _verdict(out, reference, inputs.written())
         table = self._gather(mine, rank, world)
-        rows = [table[i * world:(i + 1) * world] for i in range(n)]
+        rows = [table[i * world : (i + 1) * world] for i in range(n)]
         status = [_status(rows[i], raised.get(i, "")) for i in range(n)]
         first_call_us = [max(row[2] for row in rows[i]) for i in range(n)]
         for i, why in self._over_budget(first_call_us, reference_index).items():
@@ -436,14 +461,18 @@ class CollectiveBenchmarker:
         """Vote in the Store that choice ``name`` raised here; why it raised, once every
         rank of the group says it raised too. Where some ranks did not raise, they stop
         the group (their collectives time out) and this wait ends with that abort."""
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        self._incidents.append(f"choice {name} raised on group rank {self.process_group.rank()} ({reason})")
+        reason = describe(error)[:300]
+        self._incidents.append(
+            f"choice {name} raised on group rank {self.process_group.rank()} ({reason})"
+        )
         reports = self.session.vote(f"screen/raised/{name}", reason)
         # (What the peers saw goes into the message of a later failure.)
         self._incidents[-1] = f"choice {name} raised: " + "; ".join(
             f"group rank {r}: {why}" for r, why in enumerate(reports)
         )
-        return "raised on every rank: " + "; ".join(f"group rank {r}: {why}" for r, why in enumerate(reports))
+        return "raised on every rank: " + "; ".join(
+            f"group rank {r}: {why}" for r, why in enumerate(reports)
+        )
 
     def _gather(self, mine: list[list[float]], rank: int, world: int) -> list[list[float]]:
         """Every rank's rows of the screen's table, by candidate then rank, one
@@ -455,7 +484,9 @@ class CollectiveBenchmarker:
         table = torch.zeros(n, world, 3, dtype=torch.float64)
         table[:, rank] = torch.tensor(mine, dtype=torch.float64)
         flat = table.flatten().to(self._comm_device())
-        self._collective("sharing the screen's verdicts", dist.all_reduce, flat, group=self.process_group)
+        self._collective(
+            "sharing the screen's verdicts", dist.all_reduce, flat, group=self.process_group
+        )
         return flat.view(n * world, 3).tolist()
 
     def _over_budget(self, first_call_us: list[float], reference: int) -> dict[int, str]:
@@ -497,7 +528,9 @@ class CollectiveBenchmarker:
         batches: list[_Batch | None] = [None] * len(candidates)
         if self.mode == "graph":
             # The screen's times are the slowest rank's: every rank captures as many calls.
-            calls = [_calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS) for t in first_call_us]
+            calls = [
+                _calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS) for t in first_call_us
+            ]
             for i, graph in self._capture(candidates, live, calls).items():
                 if graph is not None:
                     batches[i] = _Batch(calls[i], graph.replay, graph.replay, graph=True)
@@ -518,7 +551,9 @@ class CollectiveBenchmarker:
         slowest = self._all_reduce_max(estimates)
         for i in eager:
             run = candidates[i].run
-            batches[i] = _Batch(_calls(self.settings.sample_us, slowest[i], 1), run, run, graph=False)
+            batches[i] = _Batch(
+                _calls(self.settings.sample_us, slowest[i], 1), run, run, graph=False
+            )
         return batches
 
     def _sample(
@@ -574,7 +609,9 @@ class CollectiveBenchmarker:
         stats = [_quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)]
         reduced = self._all_reduce_max([q for s in stats for q in s])
         low, mid, high = (reduced[k::3] for k in range(3))
-        return prune(live, low, mid, high, keep, len(samples[live[0]]), self._min_rounds, candidates)
+        return prune(
+            live, low, mid, high, keep, len(samples[live[0]]), self._min_rounds, candidates
+        )
 
     def _reduce(
         self,
@@ -618,9 +655,7 @@ class CollectiveBenchmarker:
                 times[i], skews[i] = self._time_eager(b.timed, b.calls, "timing", b.rendezvous)
         return times, skews
 
-    def _graph_round(
-        self, graphs: dict[int, _Batch]
-    ) -> tuple[dict[int, float], dict[int, float]]:
+    def _graph_round(self, graphs: dict[int, _Batch]) -> tuple[dict[int, float], dict[int, float]]:
         """Replay every choice's batch in ``graphs`` once, back to back on the GPU.
 
         The host enqueues the whole round behind a GPU sleep, so no launch gap of its
@@ -701,7 +736,9 @@ class CollectiveBenchmarker:
             except Exception as e:  # noqa: BLE001 - capture records, it runs nothing
                 log.warning(
                     "choice %s could not be captured in a CUDA graph on this rank (%s: %s)",
-                    candidates[i].name, type(e).__name__, e,
+                    candidates[i].name,
+                    type(e).__name__,
+                    e,
                 )
                 failed[i] = 1.0
         # Capturing issues no collective, so a failure leaves no peer waiting: one flag
@@ -722,8 +759,7 @@ class CollectiveBenchmarker:
         except Exception as e:  # noqa: BLE001 - it failed in our collective: the group's
             raise CollectiveAutotuneError(
                 f"{doing}: the group's collectives failed on this rank "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                + "".join(f"; {incident}" for incident in self._incidents)
+                f"({describe(e)})" + "".join(f"; {incident}" for incident in self._incidents)
             ) from e
 
     def _barrier(self, doing: str) -> None:
@@ -771,7 +807,11 @@ class CollectiveBenchmarker:
 
         tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
         self._collective(
-            "reducing timings", dist.all_reduce, tensor, op=dist.ReduceOp.MAX, group=self.process_group
+            "reducing timings",
+            dist.all_reduce,
+            tensor,
+            op=dist.ReduceOp.MAX,
+            group=self.process_group,
         )
         return tensor.tolist()
 
@@ -801,7 +841,8 @@ class ScreenInputs:
         """The first input the last call wrote into against the op's declaration, or None."""
         return next(
             (
-                i for i, (t, p) in enumerate(zip(self.tensors, self._pristine))
+                i
+                for i, (t, p) in enumerate(zip(self.tensors, self._pristine))
                 if i not in self._mutable and not torch.equal(t, p)
             ),
             None,
@@ -824,18 +865,22 @@ def prune(
     ``keep``); sampling stops once the leader is alone or the rest tie with it."""
     leader = min(live, key=lambda i: mid[i])
     dropped = [
-        i for i in live
+        i
+        for i in live
         if i != leader and i not in keep and low[i] > high[leader] * (1 + _DROP_MARGIN)
     ]
     if dropped:
         log.debug(
             "dropping %s: clearly slower than %s on their slowest rank",
-            [candidates[i].name for i in dropped], candidates[leader].name,
+            [candidates[i].name for i in dropped],
+            candidates[leader].name,
         )
     live = [i for i in live if i not in dropped]
     rest = [i for i in live if i != leader and i not in keep]
     # A tie needs more samples than a clear gap: medians of three move by more.
-    tied = rounds >= 2 * min_rounds and all(mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest)
+    tied = rounds >= 2 * min_rounds and all(
+        mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
+    )
     return live, not rest or tied
 
 
@@ -896,7 +941,11 @@ def _verdict(out: Any, reference: torch.Tensor, written: int | None) -> tuple[fl
     """This rank's verdict on one screened call, and its value (see Verdict)."""
     if written is not None:
         return float(Verdict.WROTE_INPUT), float(written)
-    if not isinstance(out, torch.Tensor) or out.shape != reference.shape or out.dtype != reference.dtype:
+    if (
+        not isinstance(out, torch.Tensor)
+        or out.shape != reference.shape
+        or out.dtype != reference.dtype
+    ):
         return float(Verdict.WRONG_KIND), 0.0
     tol = _SCREEN_TOLERANCE.get(out.dtype, 0.0)
     scale = max(1.0, reference.abs().max().item()) if reference.numel() else 1.0

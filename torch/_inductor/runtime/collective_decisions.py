@@ -13,12 +13,13 @@ one vote (see collective_graph), and otherwise the group tunes afresh.
 A file that cannot be read, does not parse, or belongs to another key or environment
 is a miss, never an error. Files are written atomically (codecache.write_atomic), so a
 reader never sees half an entry. A key covers the code identity of every choice
-(kernel/collective_choices.code_identity), so a changed implementation is a miss; and a
-stored winner is screened against the op's own implementation again before a restart
-uses it (kernel/collective_graph), so an edited file cannot make a wrong choice run. To forget every decision, delete the
-``collective_autotuning`` folder of the cache dir; ``collective_autotune_persist=False``
-neither reads nor writes them, and ``collective_autotune_retune=True`` ignores what is
-there and overwrites it with fresh measurements.
+(kernel/collective_choices.code_identity), so a changed implementation is a miss; and
+a stored winner is screened against the op's own implementation again before a
+restart uses it (kernel/collective_graph), so an edited file cannot make a wrong
+choice run. To forget every decision, delete the ``collective_autotuning`` folder of
+the cache dir; ``collective_autotune_persist=False`` neither reads nor writes them, and
+``collective_autotune_retune=True`` ignores what is there and overwrites it with fresh
+measurements.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from pathlib import Path
 from typing import Any, Optional, TYPE_CHECKING
 
 import torch
-
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -130,7 +130,7 @@ def _cuda_environment(index: int) -> dict[str, Any]:
 
 
 def _interconnect(index: int) -> str:
-    """"nvlink" when the device has an active NVLink, else "pcie" (NVML decides)."""
+    """ "nvlink" when the device has an active NVLink, else "pcie" (NVML decides)."""
     try:
         import pynvml  # type: ignore[import-not-found]
 

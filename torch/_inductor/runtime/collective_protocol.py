@@ -83,7 +83,6 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Sequence, TYPE_CHECKING
 
-
 if TYPE_CHECKING:
     from torch.distributed import Store
 
@@ -94,6 +93,12 @@ NAMESPACE = "collective_autotune"
 # What an abort adds to its group's progress counter: far above any count of beats, so
 # that one read tells both whether the group progressed and whether it aborted.
 ABORTED = 1 << 40
+
+
+def describe(error: BaseException) -> str:
+    """An error in one line, for a vote or a message: its type and first line."""
+    text = str(error)
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 class CollectiveAutotuneError(RuntimeError):
@@ -239,8 +244,7 @@ class StoreClient:
         except dist.DistError as e:
             phase = getattr(self._phase, "value", None) or "collective autotuning"
             raise StoreLostError(
-                f"the c10d Store ({self.address}) stopped answering during {phase}: "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                f"the c10d Store ({self.address}) stopped answering during {phase}: {describe(e)}"
             ) from e
 
 
@@ -262,13 +266,15 @@ def connect(timeout: float) -> StoreClient:
     address = f"{root.host}:{root.port}"
     try:
         own = dist.TCPStore(
-            root.host, root.port, is_master=False, timeout=timedelta(seconds=timeout),
+            root.host,
+            root.port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout),
             use_libuv=root.libuvBackend,
         )
     except dist.DistError as e:
         raise StoreLostError(
-            f"the c10d Store ({address}) stopped answering during connecting: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f"the c10d Store ({address}) stopped answering during connecting: {describe(e)}"
         ) from e
     return StoreClient(own, address, timeout)
 
@@ -288,7 +294,11 @@ class Liveness:
     """
 
     def __init__(
-        self, client: StoreClient, namespace: str, global_rank: int, groups: Callable[[], Sequence[str]]
+        self,
+        client: StoreClient,
+        namespace: str,
+        global_rank: int,
+        groups: Callable[[], Sequence[str]],
     ) -> None:
         self._client = client
         self._namespace = namespace
@@ -477,7 +487,9 @@ class Silence(Deadline):
                 parts.append(f"group rank {r} never reported progress")
             else:
                 parts.append(f"group rank {r} was last heard {doing.decode()}")
-        parts.append(f"the group's last progress was {time.monotonic() - self._last_progress:.1f} s ago")
+        parts.append(
+            f"the group's last progress was {time.monotonic() - self._last_progress:.1f} s ago"
+        )
         return "; ".join(parts)
 
 
@@ -608,7 +620,9 @@ class CollectiveSession:
             if self.key in self.participant.joined:
                 return Decision.decode(client.get(self._prefix + "decision"))
             self.participant.joined.add(self.key)
-            client.append(self._prefix + "joins", json.dumps([self.rank, join], sort_keys=True) + "\n")
+            client.append(
+                self._prefix + "joins", json.dumps([self.rank, join], sort_keys=True) + "\n"
+            )
             if client.add(self._prefix + "arrived", 1) == self.world_size:
                 joins = self._joins()
                 decision = self._settle(decide([joins[r] for r in range(self.world_size)]))
@@ -618,11 +632,13 @@ class CollectiveSession:
                     decision = Decision.decode(client.get(self._prefix + "decision"))
                 else:
                     absent = [r for r in range(self.world_size) if r not in self._joins()]
-                    decision = self._settle(fallback(
-                        f"group ranks {absent} did not arrive within {self.timeout:g} s "
-                        f"(collective_benchmark_timeout) of the group's last sign of progress: "
-                        f"{silence.last_heard(absent)}"
-                    ))
+                    decision = self._settle(
+                        fallback(
+                            f"group ranks {absent} did not arrive within {self.timeout:g} s "
+                            f"(collective_benchmark_timeout) of the group's last sign of progress: "
+                            f"{silence.last_heard(absent)}"
+                        )
+                    )
         # A fallback or a load needs no votes; a compile was decided with this rank in.
         self.votes = decision.kind == DecisionKind.COMPILE
         return decision
@@ -634,7 +650,9 @@ class CollectiveSession:
     def _settle(self, proposal: Decision) -> Decision:
         # compare_set is the session's single linearization point: the first
         # proposal is stored, later ones get the stored value back.
-        stored = self.participant.client.compare_set(self._prefix + "decision", "", proposal.encode())
+        stored = self.participant.client.compare_set(
+            self._prefix + "decision", "", proposal.encode()
+        )
         return Decision.decode(stored)
 
     # -- VOTE -------------------------------------------------------------------
@@ -689,7 +707,9 @@ class CollectiveSession:
         client = self.participant.client
         namespace = self.participant.namespace
         with client.during("aborting"):
-            client.compare_set(abort_key(namespace, self.group_name), "", f"group rank {self.rank}: {reason}")
+            client.compare_set(
+                abort_key(namespace, self.group_name), "", f"group rank {self.rank}: {reason}"
+            )
             client.add(progress_key(namespace, self.group_name), ABORTED)
 
     def check_abort(self) -> None:
