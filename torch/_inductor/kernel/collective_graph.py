@@ -448,17 +448,16 @@ def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecis
             Action.USE, (winner,), session.decision.reason, Source.AGREEMENT, provisional
         )
     if stored is not None:
-        return SiteDecision(
-            Action.USE,
-            (stored.winner,),
-            "decided earlier in this job",
-            Source.JOB,
-            stored.provisional,
-        )
+        return _taken(stored, "decided earlier in this job")
     if session.decision.kind == DecisionKind.LOAD:
         # The ranks that loaded the graph publish its decisions right away.
         return _published(session, key, default)
     return None
+
+
+def _taken(choice: GroupChoice, reason: str) -> SiteDecision:
+    """Use what the group decided for a key in this attempt."""
+    return SiteDecision(Action.USE, (choice.winner,), reason, Source.JOB, choice.provisional)
 
 
 def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
@@ -466,10 +465,7 @@ def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
     implementation (proposed like any decision, so every rank ends with the same)."""
     stored = session.decisions.wait(key)
     if stored is not None:
-        choice = GroupChoice.decode(stored)
-        return SiteDecision(
-            Action.USE, (choice.winner,), "decided by the group", Source.JOB, choice.provisional
-        )
+        return _taken(GroupChoice.decode(stored), "decided by the group")
     return SiteDecision(
         Action.USE,
         (default,),
@@ -499,13 +495,7 @@ def _vote_key(
     reports = [SiteReport.decode(r) for r in session.session.vote(topic, report.encode())]
     published = next((GroupChoice.decode(r.decided) for r in reports if r.decided), None)
     if published is not None:
-        return SiteDecision(
-            Action.USE,
-            (published.winner,),
-            "decided earlier in this job",
-            Source.JOB,
-            published.provisional,
-        )
+        return _taken(published, "decided earlier in this job")
     differing = [
         r
         for r, rep in enumerate(reports)
