@@ -430,9 +430,13 @@ def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout
     assert dead.wall_s is None  # it never reported
     assert survivor.ok and survivor.value["error"] is not None, survivor
     error = survivor.value["error"]
-    assert "CollectiveAutotuneError" in error and "/build: group ranks [1] did not report" in error, error
+    # Nothing stored: the ranks build the site's choices before its one vote, which waits.
+    assert "CollectiveAutotuneError: site/" in error and ": group ranks [1] did not report" in error, error
     assert "group rank 1 was last heard" in error and "compiling the choices of site/" in error, error
-    assert survivor.value["failed_at"] - float(death.read_text()) < TIMEOUT_S + 2.0
+    from torch._inductor.runtime.collective_protocol import look_interval
+
+    # Within the timeout and one look interval of silence (see the docs' fault table).
+    assert survivor.value["failed_at"] - float(death.read_text()) < TIMEOUT_S + look_interval(TIMEOUT_S) + 2.0
 
 
 # -- a choice that reads a collective's output before waiting -------------------------------------

@@ -445,7 +445,9 @@ class Silence(Deadline):
     Progress is a change of the group's progress counter, which its working ranks beat
     (the waiter itself is silent while it waits); so a peer that works keeps the wait
     alive, and a dead or silent group ends it. Each look is one request, which also
-    tells whether the group aborted.
+    tells whether the group aborted. Silence counts from the first look: before it the
+    waiter knows no value to compare, and a peer beating once a look interval must
+    get two looks to show its progress however the two clocks fall.
     """
 
     def __init__(
@@ -466,8 +468,9 @@ class Silence(Deadline):
         if value >= ABORTED:
             raise self.aborted()
         now = time.monotonic()
-        if self._last is not None and value != self._last:
+        if self._last is None or value != self._last:
             self._end = max(self._end, now + self.seconds)
+        if self._last is not None and value != self._last:
             self._last_progress = now
         self._last = value
 
