@@ -18,8 +18,18 @@ import torch
 import torch.distributed as dist
 
 from torch._inductor.kernel.collective_choices import code_identity, unwaited_collective
-from torch._inductor.kernel.collective_dispatch import _bisection_order, _branches, decided_below, interpolated
-from torch._inductor.kernel.collective_graph import _decide_graph, _differing_settings, _failures, GroupChoice
+from torch._inductor.kernel.collective_dispatch import (
+    _bisection_order,
+    _branches,
+    decided_below,
+    interpolated,
+)
+from torch._inductor.kernel.collective_graph import (
+    _decide_graph,
+    _differing_settings,
+    _failures,
+    GroupChoice,
+)
 from torch._inductor.runtime.collective_benchmarking import (
     _status,
     BenchmarkSettings,
@@ -42,7 +52,6 @@ from torch._inductor.runtime.collective_protocol import (
     wait_until,
 )
 
-
 # -- the ladder ------------------------------------------------------------------------------
 
 
@@ -60,7 +69,8 @@ LADDER = ["op_range_1_1", "op_range_2_4", "op_range_5_16", "op_range_17_64", "op
 def test_a_range_between_two_that_agree_takes_their_winner():
     decided = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
     assert interpolated(LADDER, "op_range_5_16", decided) == (
-        "a", "the neighbouring sizes 1 and inf chose it too"
+        "a",
+        "the neighbouring sizes 1 and inf chose it too",
     )
     differ = {"op_range_1_1": "a", "op_range_65_inf": "b"}.get
     assert interpolated(LADDER, "op_range_5_16", differ) is None
@@ -104,9 +114,13 @@ def test_prune_drops_only_the_clearly_slower_and_stops_on_a_tie():
     names = ["lead", "close", "slow", "kept"]
     candidates = [type("C", (), {"name": n}) for n in names]
     low, mid, high = [9.0, 9.5, 15.0, 30.0], [10.0, 10.1, 16.0, 31.0], [11.0, 10.5, 17.0, 32.0]
-    live, settled = prune([0, 1, 2, 3], low, mid, high, {3}, rounds=3, min_rounds=3, candidates=candidates)
+    live, settled = prune(
+        [0, 1, 2, 3], low, mid, high, {3}, rounds=3, min_rounds=3, candidates=candidates
+    )
     assert live == [0, 1, 3] and not settled  # "slow" dropped; "kept" kept; a tie needs 6 rounds
-    live, settled = prune([0, 1, 3], low, mid, high, {3}, rounds=6, min_rounds=3, candidates=candidates)
+    live, settled = prune(
+        [0, 1, 3], low, mid, high, {3}, rounds=6, min_rounds=3, candidates=candidates
+    )
     assert live == [0, 1, 3] and settled  # "close" within 2% of the leader
 
 
@@ -119,7 +133,9 @@ def test_a_screen_status_reads_the_same_from_every_ranks_verdicts():
         "reads data before a collective completed"
     )
     wrote = [float(Verdict.WROTE_INPUT), 1.0, 5.0]
-    assert "writes into input 1, which the op does not declare it mutates" in _status([wrote, wrote], "")
+    assert "writes into input 1, which the op does not declare it mutates" in _status(
+        [wrote, wrote], ""
+    )
     raised = [float(Verdict.RAISED), 0.0, math.inf]
     assert _status([raised, raised], "raised on every rank: x") == "raised on every rank: x"
 
@@ -134,9 +150,14 @@ def test_settings_are_validated_in_one_place():
     with pytest.raises(ValueError, match="collective_benchmark_timeout=-1: seconds, > 0"):
         dataclasses.replace(good, timeout=-1).validate()
     assert set(good.knobs()) == {
-        "collective_benchmark_nruns", "collective_benchmark_warmup", "collective_benchmark_timeout",
-        "collective_benchmark_sample_us", "collective_benchmark_graph_sample_us",
-        "collective_benchmark_mode", "collective_autotune_dynamic", "collective_autotune_dynamic_max",
+        "collective_benchmark_nruns",
+        "collective_benchmark_warmup",
+        "collective_benchmark_timeout",
+        "collective_benchmark_sample_us",
+        "collective_benchmark_graph_sample_us",
+        "collective_benchmark_mode",
+        "collective_autotune_dynamic",
+        "collective_autotune_dynamic_max",
         "collective_autotune_dynamic_ratio",
     }
 
@@ -155,6 +176,30 @@ def test_only_custom_ops_are_recognised_by_their_name():
     assert not is_collective_op("mylib::scale")
 
 
+def test_upstreams_own_collective_benchmarking_is_replaced_not_left_behind():
+    import inspect
+
+    from torch._inductor import utils
+    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    for gone in ("benchmark_collective_choice", "_run_collective_benchmark"):
+        assert not hasattr(AlgorithmSelectorCache, gone), gone
+    assert not hasattr(SubgraphChoiceCaller, "benchmark_collective")
+    assert not hasattr(utils, "is_collective_op") and not hasattr(utils, "COLLECTIVE_OPS")
+    # The flag routes a collective op at the entry point, and goes no further.
+    assert "is_collective" in inspect.signature(AlgorithmSelectorCache.__call__).parameters
+    for method in (
+        "benchmark",
+        "autotune",
+        "do_autotuning",
+        "benchmark_choices",
+        "make_benchmark_fn",
+    ):
+        parameters = inspect.signature(getattr(AlgorithmSelectorCache, method)).parameters
+        assert "is_collective" not in parameters, method
+
+
 def test_reading_a_collectives_output_before_waiting_is_found():
     fc = torch.ops._c10d_functional
 
@@ -168,8 +213,9 @@ def test_reading_a_collectives_output_before_waiting_is_found():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.randn(4)
-    assert "reads the output of _c10d_functional::all_reduce before wait_tensor" in unwaited_collective(
-        make_fx(early, tracing_mode="fake")(x)
+    assert (
+        "reads the output of _c10d_functional::all_reduce before wait_tensor"
+        in unwaited_collective(make_fx(early, tracing_mode="fake")(x))
     )
     assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
 
@@ -179,7 +225,10 @@ def test_reading_a_collectives_output_before_waiting_is_found():
 
 def test_failures_read_the_same_on_every_rank():
     per_rank = [{"a": "boom"}, {"a": "boom", "b": "no symmetric memory"}, {}]
-    assert _failures(per_rank) == {"a": "group ranks [0, 1]: boom", "b": "group rank 1: no symmetric memory"}
+    assert _failures(per_rank) == {
+        "a": "group ranks [0, 1]: boom",
+        "b": "group rank 1: no symmetric memory",
+    }
 
 
 def test_settings_that_differ_are_named_by_variable():
@@ -196,7 +245,9 @@ def test_settings_that_differ_are_named_by_variable():
 def test_a_cached_graph_is_loaded_only_where_every_rank_loaded_the_same():
     settings = {"collective_benchmark_warmup": 5}
     assert _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind == DecisionKind.LOAD
-    mixed = _decide_graph([{"settings": settings, "loaded": "g"}, {"settings": settings, "loaded": ""}])
+    mixed = _decide_graph(
+        [{"settings": settings, "loaded": "g"}, {"settings": settings, "loaded": ""}]
+    )
     assert mixed.kind == DecisionKind.COMPILE and "group ranks [0] hit their caches" in mixed.reason
 
 
@@ -220,7 +271,9 @@ def _factory(scale: float, offset=None):
 def test_code_identity_follows_the_code_not_the_name():
     assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
     assert code_identity(_factory(2.0)) != code_identity(_factory(3.0))  # a value closed over
-    assert code_identity(_factory(2.0, lambda y: y + 1)) != code_identity(_factory(2.0, lambda y: y - 1))
+    assert code_identity(_factory(2.0, lambda y: y + 1)) != code_identity(
+        _factory(2.0, lambda y: y - 1)
+    )
 
     def a(x):
         return x + 1
@@ -263,8 +316,10 @@ def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome():
     members = [_participant(store, r, 5.0) for r in range(3)]
     sessions = [CollectiveSession(m, "g", "s", r, [0, 1, 2], 5.0) for r, m in enumerate(members)]
     results: dict[int, list[str]] = {}
-    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r, sessions[r].vote("t", f"o{r}")))
-               for r in range(3)]
+    threads = [
+        threading.Thread(target=lambda r=r: results.__setitem__(r, sessions[r].vote("t", f"o{r}")))
+        for r in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -291,5 +346,7 @@ def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at
     thread.join()
     worker.client.add("ns/g/progress", ABORTED)
     worker.client.set("ns/g/abort", "group rank 1: gone")
-    with pytest.raises(CollectiveAutotuneError, match="stopped on every rank of the group: group rank 1: gone"):
+    with pytest.raises(
+        CollectiveAutotuneError, match="stopped on every rank of the group: group rank 1: gone"
+    ):
         wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
