@@ -155,9 +155,10 @@ class Deadline:
 def look_interval(timeout: float) -> float:
     """How often a waiting rank looks at its group's progress, and a working one beats:
     a small part of the timeout (a live peer is seen progressing several times within
-    it), and at least a second where the timeout allows it, so that a waiting rank
-    costs the Store at most two requests a second."""
-    return min(max(timeout / 8, min(1.0, timeout / 2)), 5.0)
+    it), and at least 1.5 s where the timeout allows it. A wait costs a request per
+    interval, a look between intervals and its last answer, so a waiting rank then
+    costs the Store under two requests a second, however short its wait."""
+    return min(max(timeout / 8, min(1.5, timeout / 2)), 5.0)
 
 
 def attempt_namespace() -> str:
