@@ -76,6 +76,7 @@ def run_ranks(
     timeout_s: float = 240.0,
     breaks_the_group: bool = False,
     restarts: bool = False,
+    fresh_processes: bool = False,
 ) -> list[RankResult]:
     """``body(Rank, *args)`` on ``world_size`` ranks; every rank's result, by rank.
 
@@ -88,7 +89,8 @@ def run_ranks(
     ``breaks_the_group`` (a rank dies, a collective is left hanging) only runs
     self-spawned, where the job ends with it, as does one that ``restarts`` a job (a
     second call on the same cache dirs must meet fresh processes and process groups of
-    the same names).
+    the same names), or that needs ``fresh_processes`` (``env`` read at start-up, such
+    as TORCH_TRACE or a config knob, or nothing of ours run before the body).
     """
     if device == "cuda" and torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
@@ -96,6 +98,8 @@ def run_ranks(
         pytest.skip("ends the job by design; runs self-spawned only")
     if restarts and under_torchrun():
         pytest.skip("restarts the job: needs fresh processes; runs self-spawned only")
+    if fresh_processes and under_torchrun():
+        pytest.skip("needs processes that start with its environment; runs self-spawned only")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             pytest.skip(f"needs WORLD_SIZE={world_size}")

@@ -239,7 +239,8 @@ def _(x: torch.Tensor, rank: int) -> torch.Tensor:
 
 def _register_dying_lowering() -> None:
     """On ``rank``, lowering the op kills the process once every other rank waits (its
-    heartbeat went quiet for a second), writing the time of death to the file named
+    heartbeat went quiet for a look interval: this rank's own heartbeat has said what it
+    does by then), writing the time of death to the file named
     by CAT_TEST_DEATH_FILE: a rank killed while compiling its choices."""
     from torch._inductor.lowering import fallback_handler, register_lowering
 
@@ -255,13 +256,15 @@ def _register_dying_lowering() -> None:
         return fallback_handler(op, add_to_fallback_set=False)(x, rank)
 
 
-def _wait_until_peers_wait(quiet_s: float = 1.0, patience_s: float = 60.0) -> None:
+def _wait_until_peers_wait(patience_s: float = 60.0) -> None:
     """Until WORLD's progress counter (which this rank, waiting here, does not beat) has
-    not moved for ``quiet_s``: every peer waits for this rank."""
+    not moved for a look interval (and a second): every peer waits for this rank, and
+    this rank's heartbeat, which says what it does once a look, has said it."""
     from torch._inductor import config
-    from torch._inductor.runtime.collective_protocol import participant, progress_key
+    from torch._inductor.runtime.collective_protocol import look_interval, participant, progress_key
 
     member = participant(config.collective_benchmark_timeout)
+    quiet_s = max(1.0, look_interval(config.collective_benchmark_timeout) + 0.25)
     key = progress_key(member.namespace, dist.group.WORLD.group_name)
     last, quiet_since, give_up = None, time.monotonic(), time.monotonic() + patience_s
     with member.liveness.waiting():

@@ -658,7 +658,8 @@ def switched_off_body(r: Rank) -> dict:
 
 
 def test_switched_off_the_patch_uses_no_store_and_no_thread():
-    a, b = assert_all_ok(run_ranks(2, switched_off_body, env={"TORCHINDUCTOR_COLLECTIVE_AUTOTUNE": "0"}))
+    off = {"TORCHINDUCTOR_COLLECTIVE_AUTOTUNE": "0"}
+    a, b = assert_all_ok(run_ranks(2, switched_off_body, env=off, fresh_processes=True))
     for result in (a, b):
         (record,) = result["records"]
         assert record.winner == "default" and record.session == ""

@@ -350,3 +350,27 @@ def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at
         CollectiveAutotuneError, match="stopped on every rank of the group: group rank 1: gone"
     ):
         wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
+
+
+def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decision():
+    store = dist.HashStore()
+    member = _participant(store, 0, 0.4)
+    decide = lambda joins: Decision(DecisionKind.COMPILE, "tune")  # noqa: E731
+    fallback = lambda why: Decision(DecisionKind.FALLBACK, why)  # noqa: E731
+    first = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+    requests = member.client.requests
+    again = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+    assert again == first and member.client.requests == requests  # read from what it knows
+    # The same plan on another group is another session: joined, decided there.
+    other = CollectiveSession(member, "h", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+    assert other == first and member.client.requests > requests
+    # A session that ended in an error has no decision: a later graph says so at once
+    # instead of waiting on the Store for one.
+    member.client.add("ns/a/progress", ABORTED)
+    member.client.set("ns/a/abort", "group rank 1: gone")
+    with pytest.raises(CollectiveAutotuneError, match="group rank 1: gone"):
+        CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
+    begin = time.monotonic()
+    with pytest.raises(CollectiveAutotuneError, match="ended without a decision"):
+        CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
+    assert time.monotonic() - begin < 0.1

@@ -133,7 +133,7 @@ class Decision:
         return json.dumps({"kind": self.kind.value, "reason": self.reason})
 
     @staticmethod
-    def decode(raw: bytes) -> Decision:
+    def decode(raw: bytes | str) -> Decision:
         d = json.loads(raw)
         return Decision(DecisionKind(d["kind"]), d["reason"])
 
@@ -391,8 +391,8 @@ class Participant:
     namespace: str
     # The job's default store this participant was made for.
     store: Any = None
-    # Sessions this process joined: a second graph of the same plan reads their
-    # decision instead of joining again.
+    # Sessions this process joined (their Store prefixes): a second graph of the same
+    # plan on the same group reads their decision instead of joining again.
     joined: set[str] = dataclasses.field(default_factory=set)
     # Decisions of each group read or published so far: a decision never changes.
     known: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -621,9 +621,16 @@ class CollectiveSession:
         """
         client = self.participant.client
         with client.during(f"joining session {self.key}"):
-            if self.key in self.participant.joined:
-                return Decision.decode(client.get(self._prefix + "decision"))
-            self.participant.joined.add(self.key)
+            # By the session's Store prefix: the same plan on another group is another session.
+            if self._prefix in self.participant.joined:
+                decided = self.participant.known.get(self._prefix + "decision")
+                if decided is None:
+                    raise CollectiveAutotuneError(
+                        f"session {self.key}: this rank joined it for an earlier graph and it "
+                        f"ended without a decision there (see that graph's error)"
+                    )
+                return Decision.decode(decided)
+            self.participant.joined.add(self._prefix)
             client.append(
                 self._prefix + "joins", json.dumps([self.rank, join], sort_keys=True) + "\n"
             )
@@ -643,6 +650,7 @@ class CollectiveSession:
                             f"{silence.last_heard(absent)}"
                         )
                     )
+        self.participant.known[self._prefix + "decision"] = decision.encode()
         # A fallback or a load needs no votes; a compile was decided with this rank in.
         self.votes = decision.kind == DecisionKind.COMPILE
         return decision
