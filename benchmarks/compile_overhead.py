@@ -165,6 +165,7 @@ def run_job(args: argparse.Namespace) -> None:
         "compile_s": first_s - second_s,
         "output_sha256": output_sha256,
         "counters": cache_counters(),
+        "compile_phases_s": compile_phases(),
         **record_summary(model_cfg.device),
     }
     per_rank: list[Any] = [None] * world
@@ -194,6 +195,14 @@ def cache_counters() -> dict[str, int]:
         for name in names
         if name in counters[section]
     }
+
+
+def compile_phases() -> dict[str, float]:
+    """Inductor's own accounting of this process's compiles (dynamo_timed), seconds per
+    phase: where an untuned and a tuned compile differ beyond the tuning's phases."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return {name: round(sum(times), 4) for name, times in sorted(compilation_time_metrics.items())}
 
 
 def record_summary(device_type: str) -> dict[str, Any]:
@@ -339,6 +348,7 @@ def run_result(part: dict[str, Any]) -> dict[str, Any]:
         "tuning_s_sum": max(r["tuning_s_sum"] for r in ranks),
         # Rank 0's (where ranks differ, they wait for each other: wait says so).
         "breakdown_s": ranks[0].get("breakdown_s", {}),
+        "compile_phases_s": ranks[0].get("compile_phases_s", {}),
         "store_requests_per_rank": [r.get("store_requests", 0) for r in ranks],
         "counters": {name: [r["counters"].get(name, 0) for r in ranks] for name in counters},
     }
