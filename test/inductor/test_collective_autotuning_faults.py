@@ -409,10 +409,11 @@ def test_a_cold_rank_compiling_longer_than_the_timeout_is_waited_for(tmp_path):
     assert warm.winner == first.winner == "default"
 
 
-def killed_while_waited_for_body(r: Rank) -> dict:
+def dies_while_building_body(r: Rank, dying: int) -> dict:
+    # Group rank ``dying`` dies while building its choices, once its peer waits for it.
     ops.register_all_reduce(
         ops.all_reduce_then("one_all_reduce"),
-        ops.all_reduce_then("dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, 1)),
+        ops.all_reduce_then("dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, dying)),
     )
     try:
         with patched_timeout():
@@ -425,7 +426,7 @@ def killed_while_waited_for_body(r: Rank) -> dict:
 def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout(tmp_path):
     death = tmp_path / "died_at"
     survivor, dead = run_ranks(
-        2, killed_while_waited_for_body, env={"CAT_TEST_DEATH_FILE": str(death)}, breaks_the_group=True
+        2, dies_while_building_body, 1, env={"CAT_TEST_DEATH_FILE": str(death)}, breaks_the_group=True
     )
     assert dead.wall_s is None  # it never reported
     assert survivor.ok and survivor.value["error"] is not None, survivor
@@ -666,24 +667,10 @@ def test_switched_off_the_patch_uses_no_store_and_no_thread():
         assert result["new_keys"] == 0 and not result["participant"] and result["threads"] == [], result
 
 
-def store_lost_mid_session_body(r: Rank) -> dict:
-    # Rank 0, which hosts the Store, dies while building its choices; rank 1 waits for it
-    # in the build vote.
-    ops.register_all_reduce(
-        ops.all_reduce_then("one_all_reduce"),
-        ops.all_reduce_then("dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, 0)),
-    )
-    try:
-        with patched_timeout():
-            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
-        return {"error": f"{type(e).__name__}: {e}"}
-    return {"error": None}
-
-
 def test_losing_the_store_mid_session_is_reported_as_such(tmp_path):
+    # Rank 0, which hosts the Store, dies; rank 1 waits for it in the build vote.
     dead, survivor = run_ranks(
-        2, store_lost_mid_session_body, env={"CAT_TEST_DEATH_FILE": str(tmp_path / "died")}, breaks_the_group=True
+        2, dies_while_building_body, 0, env={"CAT_TEST_DEATH_FILE": str(tmp_path / "died")}, breaks_the_group=True
     )
     assert dead.wall_s is None and survivor.ok, survivor
     error = survivor.value["error"]
