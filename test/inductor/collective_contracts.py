@@ -543,6 +543,44 @@ def check_python_kernel_of_custom_ops() -> None:
         raise ContractBroken("the Python function of a custom op is no longer found")
 
 
+def check_one_pointwise_config_without_autotuning() -> None:
+    """With config.triton.autotune_pointwise off, a 1-D pointwise kernel has one
+    launch config (nothing to time at its first launch); with it on, several."""
+    from torch._inductor import config
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    def configs(autotune: bool) -> list[int]:
+        seen: list[int] = []
+        original = CachingAutotuner.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            seen.append(len(self.configs))
+
+        # In this process (no compile workers), where the kernel's configs are made.
+        patches = {"compile_threads": 1, "triton.autotune_pointwise": autotune}
+        with fresh_inductor(), config.patch(patches), mock.patch.object(CachingAutotuner, "__init__", init):
+            torch.compile(lambda x: x.neg() + 1, backend="inductor")(torch.randn(1 << 16, device="cuda"))
+        return seen
+
+    tuned, untuned = configs(True), configs(False)
+    if not tuned or max(tuned) < 2:
+        raise ContractBroken(f"a 1-D pointwise kernel no longer has several configs to tune: {tuned}")
+    if untuned != [1] * len(untuned) or not untuned:
+        raise ContractBroken(f"autotune_pointwise=False no longer leaves one config: {untuned}")
+
+
+def break_autotune_pointwise() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.runtime import triton_heuristics
+
+    original = triton_heuristics.pointwise
+
+    def pointwise(*args: Any, inductor_meta: Any = None, **kwargs: Any) -> Any:
+        return original(*args, inductor_meta={**(inductor_meta or {}), "autotune_pointwise": True}, **kwargs)
+
+    return mock.patch.object(triton_heuristics, "pointwise", pointwise)
+
+
 # -- the contracts ---------------------------------------------------------------------------
 
 
@@ -617,6 +655,9 @@ CONTRACTS: list[Contract] = [
     Contract("fallback_handler(op, add_to_fallback_set=)", "collective_dispatch.lowered_once",
              has("torch._inductor.lowering.fallback_handler", "add_to_fallback_set"),
              without("torch._inductor.lowering.fallback_handler")),
+    Contract("config.triton.autotune_pointwise=False leaves a pointwise kernel one config",
+             "collective_timing.build", check_one_pointwise_config_without_autotuning,
+             break_autotune_pointwise, needs_cuda=True),
     Contract("no_python_dispatcher", "collective_selection",
              has("torch._dispatch.python.no_python_dispatcher"),
              without("torch._dispatch.python.no_python_dispatcher")),

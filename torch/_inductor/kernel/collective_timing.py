@@ -18,6 +18,7 @@ import math
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
+from torch._inductor import config
 from torch._inductor.kernel import collective_dispatch
 from torch._inductor.kernel.collective_choice_modules import (
     eager_module,
@@ -83,6 +84,14 @@ def timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neigh
     return Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
 
 
+# A benchmark module's pointwise kernels get one launch config (the first of those
+# Inductor would try), not the several it times at a kernel's first launch: 50-90 ms a
+# kernel, one after another, inside the choices' first calls. Every choice's
+# neighbours and copies get the same one; the model's own kernels, the inlined
+# winner's included, are tuned as before.
+_BENCHMARK_MODULE_CONFIG = {"triton.autotune_pointwise": False}
+
+
 def build(
     name: str, choices: dict[str, ChoiceCaller], device: torch.device, neighbours: Neighbours
 ) -> dict[str, str]:
@@ -128,7 +137,8 @@ def _start(
         compile_choice(choice, neighbours, LOWER)
         choice._compiled_module = eager_module(choice, neighbours)  # type: ignore[attr-defined]
         return lambda: None
-    load = compile_choice(choice, neighbours, START)
+    with config.patch(_BENCHMARK_MODULE_CONFIG):
+        load = compile_choice(choice, neighbours, START)
 
     def finish() -> None:
         choice._compiled_module = load() if callable(load) else load  # type: ignore[attr-defined]
