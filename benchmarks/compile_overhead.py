@@ -31,17 +31,21 @@ sites, winners, tuning time, cache counters) and the goals of a cheap, cacheable
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import dataclasses
 import hashlib
 import json
 import os
+import pstats
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -475,12 +479,42 @@ class PlainStack(TPStack):
         return x
 
 
+class WrittenStack(TPStack):
+    """TPStack with one implementation written in, as a user would write it by hand:
+    what the model costs to compile with the tuned model's winner, untuned."""
+
+    implementation: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weights:
+            x = x + self.implementation(torch.relu(x @ w), self.group_name)
+        return x
+
+
+def written(winner: str) -> type:
+    """The model with ``winner`` (an implementation's name; "default": the op's own)
+    written in."""
+    implementation = plain_all_reduce if winner == ops.OWN else ops.IMPLEMENTATIONS[winner].decomposition
+    return type(f"Written_{winner}", (WrittenStack,), {"implementation": staticmethod(implementation)})
+
+
 def run_in_process(args: argparse.Namespace) -> None:
     """Every mode and shape in one process, without a job's start-up: for each, a
     warm-up compile of another model (what a process pays once: compile workers, device
-    set-up), then the plain model and the tuned one, each cold (Inductor's caches
-    emptied: each compiles its own kernels, the tuned one also its choices', and times
-    them), then the tuned one again (kernels cached, decisions known to the job)."""
+    set-up), then ``--repeat`` times the plain model and the tuned one, each cold
+    (Inductor's caches emptied: each compiles its own kernels, the tuned one also its
+    choices', and times them), then the tuned one again (kernels cached, decisions known
+    to the job), then, cold, the model with the tuned one's winner written in by hand:
+    what the model costs to compile with that implementation, untuned (the op's own
+    runs as an opaque call; an inlined winner is lowered, scheduled and generated as
+    the model's own code, which costs more or less than the opaque call whoever picked
+    it). Each repetition runs on a new process group (of every rank, used once
+    before it is measured): the job's decisions belong to a group, so the tuned model
+    tunes again. The medians are the result; one compile varies by tenths of a second.
+    With ``--profile DIR``, the first tuned compile's profile of each config (cProfile,
+    this rank's main thread) is written there, as text (the functions by their
+    cumulative time) and as pstats data. A profiled compile's times are the
+    profiler's: profile only to see where time goes."""
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
     from torch._inductor.utils import fresh_cache
 
@@ -491,46 +525,94 @@ def run_in_process(args: argparse.Namespace) -> None:
     for config in args.configs.split(","):
         mode, shape = config.split(":")
         cfg = dataclasses.replace(ModelConfig.from_args(args), mode=mode, dynamic=shape == "dynamic")
-        times = {}
         with fresh_cache():
-            times["warm_up"] = compile_seconds(PlainStack, dataclasses.replace(cfg, layers=1, hidden=cfg.hidden // 2),
-                                               device, world)
-        with fresh_cache():
-            times["plain"] = compile_seconds(PlainStack, cfg, device, world)
-        with fresh_cache():
-            start = len(collective_autotune_records())
-            times["tuned"] = compile_seconds(TPStack, cfg, device, world)
-            tuned_records = collective_autotune_records()[start:]
-            times["tuned_again"] = compile_seconds(TPStack, cfg, device, world)
-        extra = times["tuned"] - times["plain"]
-        results.append({
-            "mode": mode, "shape": shape,
-            "compile_s": {k: round(v, 3) for k, v in times.items()},
-            "extra_s": round(extra, 3),
-            "sites": len(tuned_records),
-            "winners": sorted({r.winner for r in tuned_records}),
-            "breakdown_s": breakdown(tuned_records),
-            "store_requests": sum(getattr(r, "store_requests", 0) for r in tuned_records),
-        })
+            warm_up_s, _ = compile_seconds(PlainStack, dataclasses.replace(cfg, layers=1, hidden=cfg.hidden // 2),
+                                           device, dist.group.WORLD)
+        reps = []
+        profiled = None
+        for rep in range(args.repeat + bool(args.profile)):  # a profiled one last, apart
+            group = used_group(device)
+            times, phases = {}, {}
+            with fresh_cache():
+                times["plain"], phases["plain"] = compile_seconds(PlainStack, cfg, device, group)
+            with fresh_cache():
+                start = len(collective_autotune_records())
+                profile_to = (os.path.join(args.profile, f"{mode}_{shape}_rank{rank}.txt")
+                              if rep == args.repeat else None)
+                times["tuned"], phases["tuned"] = compile_seconds(TPStack, cfg, device, group, profile_to)
+                tuned_records = collective_autotune_records()[start:]
+                times["tuned_again"], _ = compile_seconds(TPStack, cfg, device, group)
+            # Where ranges differ, the winner of most call sites.
+            winner = statistics.mode(short_winner(r.winner, implementations(args.device)) for r in tuned_records)
+            with fresh_cache():
+                times["written"], _ = compile_seconds(written(winner), cfg, device, group)
+            this = {
+                "compile_s": {k: round(v, 3) for k, v in times.items()},
+                "extra_s": round(times["tuned"] - times["plain"], 3),
+                "written_winner": winner,
+                "extra_over_written_s": round(times["tuned"] - times["written"], 3),
+                # Inductor's phases that tuning makes longer (tuned less plain, this rank).
+                "phases_extra_s": {
+                    k: round(phases["tuned"].get(k, 0.0) - phases["plain"].get(k, 0.0), 3)
+                    for k in sorted(set(phases["plain"]) | set(phases["tuned"]))
+                    if abs(phases["tuned"].get(k, 0.0) - phases["plain"].get(k, 0.0)) >= 0.01
+                },
+                "sites": len(tuned_records),
+                "winners": sorted({r.winner for r in tuned_records}),
+                "breakdown_s": breakdown(tuned_records),
+                "store_requests": sum(getattr(r, "store_requests", 0) for r in tuned_records),
+            }
+            if profile_to is None:
+                reps.append(this)
+            else:
+                profiled = this
+            if rank == 0:
+                r = this
+                print(f"{mode:>15} {shape:>7} {'profiled' if profile_to else f'#{rep}'}: plain {times['plain']:.2f} s, tuned {times['tuned']:.2f} s "
+                      f"(+{r['extra_s']:.2f} s), {winner} written in {times['written']:.2f} s, again {times['tuned_again']:.2f} s; {r['sites']} sites, "
+                      f"winners {r['winners']}; where tuning went: {r['breakdown_s']}; "
+                      f"Inductor's phases, tuned less plain: {r['phases_extra_s']}", flush=True)
+        median = {
+            "compile_s": {k: round(statistics.median(r["compile_s"][k] for r in reps), 3)
+                          for k in reps[0]["compile_s"]},
+            "extra_s": round(statistics.median(r["extra_s"] for r in reps), 3),
+            "extra_over_written_s": round(statistics.median(r["extra_over_written_s"] for r in reps), 3),
+            "breakdown_s": {k: round(statistics.median(r["breakdown_s"][k] for r in reps), 4)
+                            for k in reps[0]["breakdown_s"]},
+        }
+        results.append({"mode": mode, "shape": shape, "warm_up_s": round(warm_up_s, 3), **median,
+                        "sites": reps[0]["sites"], "winners": sorted({w for r in reps for w in r["winners"]}),
+                        "repetitions": reps, **({"profiled": profiled} if profiled else {})})
         if rank == 0:
-            r = results[-1]
-            print(f"{mode:>15} {shape:>7}: plain {times['plain']:.2f} s, tuned {times['tuned']:.2f} s "
-                  f"(+{extra:.2f} s), again {times['tuned_again']:.2f} s; {r['sites']} sites, "
-                  f"winners {r['winners']}; where tuning went: {r['breakdown_s']}", flush=True)
+            print(f"{mode:>15} {shape:>7} median of {len(reps)}: plain {median['compile_s']['plain']:.2f} s, "
+                  f"tuned {median['compile_s']['tuned']:.2f} s, extra {median['extra_s']:+.2f} s, "
+                  f"over the winner written in {median['extra_over_written_s']:+.2f} s; "
+                  f"where tuning went: {median['breakdown_s']}", flush=True)
     if rank == 0:
         result = {**header(device), "layers": args.layers, "hidden": cfg.hidden, "tokens": cfg.tokens,
-                  "dtype": cfg.dtype, "world_size": world, "runs": results,
+                  "dtype": cfg.dtype, "world_size": world, "repeat": args.repeat, "runs": results,
                   "goal": "tuning adds at most 0.5 s per tuned op to a cold compile"}
         write_json(args.out, result)
     dist.destroy_process_group()
 
 
-def compile_seconds(stack: type, cfg: ModelConfig, device: torch.device, world: int) -> float:
-    """The compile time of one model, Dynamo reset first: its first call less a later
-    one, slowest rank."""
+def used_group(device: torch.device) -> dist.ProcessGroup:
+    """A new group of every rank, its communicator set up by one all-reduce: what a
+    measured compile pays is its own, not the group's first collective."""
+    group = dist.new_group(list(range(dist.get_world_size())))
+    dist.all_reduce(torch.ones(1, device=device), group=group)
+    return group
+
+
+def compile_seconds(stack: type, cfg: ModelConfig, device: torch.device, group: dist.ProcessGroup,
+                    profile_to: Optional[str] = None) -> tuple[float, dict[str, float]]:
+    """The compile time of one model on ``group``, Dynamo reset first: its first call
+    less a later one, slowest rank; and the seconds of each of Inductor's phases
+    (dynamo_timed) in its calls, this rank. With ``profile_to``, the first call's
+    profile is written there (text, and ``.prof`` beside it)."""
     torch._dynamo.reset()
     dtype = getattr(torch, cfg.dtype)
-    model = stack(cfg.layers, cfg.hidden, dist.group.WORLD.group_name, world).to(device, dtype)
+    model = stack(cfg.layers, cfg.hidden, group.group_name, group.size()).to(device, dtype)
     model.requires_grad_(False)
     x = torch.randn(cfg.tokens, cfg.hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     if cfg.dynamic:
@@ -538,8 +620,19 @@ def compile_seconds(stack: type, cfg: ModelConfig, device: torch.device, world: 
         torch._dynamo.maybe_mark_dynamic(x, 0)
     compiled = torch.compile(model, fullgraph=True, dynamic=None if cfg.dynamic else False,
                              mode=None if cfg.mode == "default" else cfg.mode)
+    profiler = cProfile.Profile() if profile_to else contextlib.nullcontext()
+    before = compile_phases()
     with torch.no_grad():
-        return first_call_s(compiled, x)
+        with profiler:
+            seconds = first_call_s(compiled, x)
+    after = compile_phases()
+    phases = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items() if v - before.get(k, 0.0) >= 0.005}
+    if profile_to:
+        os.makedirs(os.path.dirname(profile_to), exist_ok=True)
+        profiler.dump_stats(profile_to + ".prof")
+        with open(profile_to, "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(120)
+    return seconds, phases
 
 
 def main() -> None:
@@ -571,6 +664,8 @@ def main() -> None:
     inproc.add_argument("--configs", default="default:static,default:dynamic",
                         help="comma-separated mode:shape (shape static or dynamic)")
     inproc.add_argument("--out", required=True, help="results JSON, written by rank 0")
+    inproc.add_argument("--repeat", type=int, default=3, help="plain and tuned compiles per config (medians)")
+    inproc.add_argument("--profile", help="a dir for each tuned compile's profile (text)")
     args = parser.parse_args()
     if args.mode == "reduce-overhead" and args.device != "cuda":
         parser.error("--mode reduce-overhead needs --device cuda")
