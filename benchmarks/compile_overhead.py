@@ -665,7 +665,7 @@ def main() -> None:
                         help="comma-separated mode:shape (shape static or dynamic)")
     inproc.add_argument("--out", required=True, help="results JSON, written by rank 0")
     inproc.add_argument("--repeat", type=int, default=3, help="plain and tuned compiles per config (medians)")
-    inproc.add_argument("--profile", help="a dir for each tuned compile's profile (text)")
+    inproc.add_argument("--profile", help="a dir for one more tuned compile per config, profiled (text and pstats)")
     args = parser.parse_args()
     if args.mode == "reduce-overhead" and args.device != "cuda":
         parser.error("--mode reduce-overhead needs --device cuda")

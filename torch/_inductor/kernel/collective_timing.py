@@ -86,7 +86,7 @@ def timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neigh
 
 # A benchmark module's pointwise kernels get one launch config (the first of those
 # Inductor would try), not the several it times at a kernel's first launch: 50-90 ms a
-# kernel, one after another, inside the choices' first calls. Every choice's
+# kernel, one after another, inside the choices' first calls. Every compiled choice's
 # neighbours and copies get the same one; the model's own kernels, the inlined
 # winner's included, are tuned as before.
 _BENCHMARK_MODULE_CONFIG = {"triton.autotune_pointwise": False}
