@@ -7,6 +7,7 @@ every rank decided, where the decision came from, and that ranks agree.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -286,13 +287,27 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
     # Four call sites, each dispatching to an inlined functional collective, an opaque
     # custom op and the op's own implementation by size (it crashed with two sites).
     a, b = assert_all_ok(run_ranks(2, mixed_winners_body, device=device, timeout_s=150))
-    winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
-    assert winners == {"1_1": "per_row_cost", "2_4": "per_row_cost", "5_16": "opaque",
-                       "17_64": "opaque", "65_inf": "default"}
+    assert a["records"] == b["records"]
+    ranges = sorted(
+        (range_bounds(r.op.rsplit("_range_", 1)[1]), r.winner) for r in a["records"][:5]
+    )
+    assert [bounds for bounds, _ in ranges] == [(1, 1), (2, 4), (5, 16), (17, 64), (65, math.inf)]
+    # By size, each kind of winner in turn, each where it leads by 1.5x or more. The
+    # boundaries between may move by a range on a loaded 2-core machine (once in CI, 4
+    # rows went to the opaque op at 1.54x by design), as the group measured it.
+    kinds = [winner for _, winner in ranges]
+    assert kinds == sorted(kinds, key=["per_row_cost", "opaque", "default"].index), kinds
+    assert set(kinds) == {"per_row_cost", "opaque", "default"}, kinds
+    assert kinds[0] == "per_row_cost" and kinds[2] == "opaque" and kinds[-1] == "default", kinds
     # Timed as the site runs where one implementation wins every range: between relu and
     # the residual add.
     assert {r.timed_with for r in a["records"][:5] if r.source == "benchmark"} == {"producer+consumer"}
-    assert a["ran"] == b["ran"] == {2: ["per_row_cost"], 30: ["opaque"], 100: []}
+    # Each size ran its range's winner, and only it (the op's own marks nothing).
+    expected = {
+        n: [w for (low, high), w in ranges if low <= n <= high and w != "default"]
+        for n in (2, 30, 100)
+    }
+    assert a["ran"] == b["ran"] == expected
     assert a["frames"] == b["frames"] == 1
     # The later sites take the ranges the first settled without tracing a choice again:
     # per_row_cost is traced only while the first site decides its five ranges.
@@ -369,6 +384,12 @@ def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
     assert pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"  # 20%: no tie
     # A user's min_speedup_threshold still favours the op's own implementation.
     assert pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
+
+
+def range_bounds(label: str) -> tuple[int, float]:
+    """A range's sizes from its label ("2_4", "65_inf")."""
+    low, high = label.split("_")
+    return int(low), math.inf if high == "inf" else int(high)
 
 
 def assert_each_size_ran_its_winner(a: dict, b: dict, device: str) -> None:
