@@ -297,7 +297,6 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
     # rows went to the opaque op at 1.54x by design), as the group measured it.
     kinds = [winner for _, winner in ranges]
     assert kinds == sorted(kinds, key=["per_row_cost", "opaque", "default"].index), kinds
-    assert set(kinds) == {"per_row_cost", "opaque", "default"}, kinds
     assert kinds[0] == "per_row_cost" and kinds[2] == "opaque" and kinds[-1] == "default", kinds
     # Timed as the site runs where one implementation wins every range: between relu and
     # the residual add.
