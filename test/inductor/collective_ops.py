@@ -361,7 +361,7 @@ def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tenso
     """The opaque op: faster than per_row_cost from 7 rows, than a 12 ms op's own below 120.
     At the ladder's sizes 1, 4, 16 and 256 the winner leads by 1.5x or more, at 64 by 1.3x
     (a 2-core machine's sleeps overshoot: 5.2 ms against per_row_cost's 4 at 4 rows was
-    too close; a loaded one moved 4 rows to this op at 1.55x once)."""
+    too close; a loaded one moved 4 rows to this op at 1.54x once)."""
     return opaque_all_reduce(x, group_name)
 
 
