@@ -511,8 +511,8 @@ def run_in_process(args: argparse.Namespace) -> None:
     it). Each repetition runs on a new process group (of every rank, used once
     before it is measured): the job's decisions belong to a group, so the tuned model
     tunes again. The medians are the result; one compile varies by tenths of a second.
-    With ``--profile DIR``, the first tuned compile's profile of each config (cProfile,
-    this rank's main thread) is written there, as text (the functions by their
+    With ``--profile DIR``, the profile of one more tuned compile of each config, and of
+    its written-in winner's (cProfile, this rank's main thread), is written there, as text (the functions by their
     cumulative time) and as pstats data. A profiled compile's times are the
     profiler's: profile only to see where time goes."""
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
@@ -545,7 +545,8 @@ def run_in_process(args: argparse.Namespace) -> None:
             # Where ranges differ, the winner of most call sites.
             winner = statistics.mode(short_winner(r.winner, implementations(args.device)) for r in tuned_records)
             with fresh_cache():
-                times["written"], _ = compile_seconds(written(winner), cfg, device, group)
+                times["written"], phases["written"] = compile_seconds(
+                    written(winner), cfg, device, group, profile_to and profile_to[:-4] + "_written.txt")
             this = {
                 "compile_s": {k: round(v, 3) for k, v in times.items()},
                 "extra_s": round(times["tuned"] - times["plain"], 3),
@@ -556,6 +557,12 @@ def run_in_process(args: argparse.Namespace) -> None:
                     k: round(phases["tuned"].get(k, 0.0) - phases["plain"].get(k, 0.0), 3)
                     for k in sorted(set(phases["plain"]) | set(phases["tuned"]))
                     if abs(phases["tuned"].get(k, 0.0) - phases["plain"].get(k, 0.0)) >= 0.01
+                },
+                # ... and tuned less the winner written in: what tuning itself adds.
+                "phases_over_written_s": {
+                    k: round(phases["tuned"].get(k, 0.0) - phases["written"].get(k, 0.0), 3)
+                    for k in sorted(set(phases["written"]) | set(phases["tuned"]))
+                    if abs(phases["tuned"].get(k, 0.0) - phases["written"].get(k, 0.0)) >= 0.01
                 },
                 "sites": len(tuned_records),
                 "winners": sorted({r.winner for r in tuned_records}),
@@ -571,7 +578,8 @@ def run_in_process(args: argparse.Namespace) -> None:
                 print(f"{mode:>15} {shape:>7} {'profiled' if profile_to else f'#{rep}'}: plain {times['plain']:.2f} s, tuned {times['tuned']:.2f} s "
                       f"(+{r['extra_s']:.2f} s), {winner} written in {times['written']:.2f} s, again {times['tuned_again']:.2f} s; {r['sites']} sites, "
                       f"winners {r['winners']}; where tuning went: {r['breakdown_s']}; "
-                      f"Inductor's phases, tuned less plain: {r['phases_extra_s']}", flush=True)
+                      f"Inductor's phases, tuned less plain: {r['phases_extra_s']}, "
+                      f"tuned less written: {r['phases_over_written_s']}", flush=True)
         median = {
             "compile_s": {k: round(statistics.median(r["compile_s"][k] for r in reps), 3)
                           for k in reps[0]["compile_s"]},

@@ -28,6 +28,7 @@ import inspect
 import os
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 from unittest import mock
@@ -381,6 +382,62 @@ def _contract_all_reduce() -> Any:
     return all_reduce
 
 
+def check_winners_with_a_graph_are_inlined() -> None:
+    """custom_op inlines a winner that has a graph (inline_subgraph_to_ir_nodes) and
+    returns that, never the node the selector returned with it: the diff's selector
+    returns none for such a winner rather than lowering one to be thrown away."""
+    from torch._inductor.codegen import subgraph
+    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+
+    fc = torch.ops._c10d_functional
+
+    def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+
+    custom_op = _contract_slow_all_reduce()
+    op = torch.ops.collective_contract.slow_all_reduce.default
+    register_custom_op_autotuning(custom_op, configs=[CustomOpConfig(one_all_reduce)])
+    inlined: list[Any] = []
+    inline = subgraph.inline_subgraph_to_ir_nodes
+    with one_rank_group() as group, fresh_inductor(), mock.patch.object(
+        subgraph, "inline_subgraph_to_ir_nodes", lambda *a, **k: inlined.append(a) or inline(*a, **k)
+    ):
+        x = torch.randn(4, 4)
+        compiled = torch.compile(lambda x: op(x, group.group_name) + 1, fullgraph=True)
+        compiled(x)  # compiles: the choices are timed, the op's own included
+        _SLOW_ALL_REDUCE_CALLS.clear()
+        out = compiled(x)
+    if not inlined:
+        raise ContractBroken("custom_op no longer inlines a winner that has a graph")
+    if _SLOW_ALL_REDUCE_CALLS:
+        # torch 2.14 lowers an op whose lowering returned nothing as the op itself.
+        raise ContractBroken("the compiled graph calls the op's own implementation, not the winner")
+    if not torch.equal(out, x + 1):  # one rank: the all-reduce of x is x
+        raise ContractBroken("the compiled graph does not compute the inlined winner")
+
+
+# Calls of slow_all_reduce's own implementation.
+_SLOW_ALL_REDUCE_CALLS: list[None] = []
+
+
+@functools.cache
+def _contract_slow_all_reduce() -> Any:
+    """A collective custom op whose own implementation loses to any other: its only
+    other choice, which has a graph, wins."""
+
+    @torch.library.custom_op("collective_contract::slow_all_reduce", mutates_args=())
+    def slow_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        _SLOW_ALL_REDUCE_CALLS.append(None)
+        time.sleep(0.02)
+        return x.clone()
+
+    @slow_all_reduce.register_fake
+    def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return slow_all_reduce
+
+
 def break_selector() -> contextlib.AbstractContextManager[Any]:
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
@@ -600,6 +657,12 @@ CONTRACTS: list[Contract] = [
              break_compiled_graphs, needs_overlay=True),
     Contract("custom-op registration and selection reach collective autotuning's hooks",
              "collective_autotuning", check_collectives_reach_the_selector, break_selector,
+             needs_overlay=True),
+    # The diff's selector returns no node for a winner with a graph: custom_op inlines it.
+    Contract("custom_op inlines a winner's graph rather than the selector's node",
+             "patches (select_algorithm.py)", check_winners_with_a_graph_are_inlined,
+             replaced("torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes",
+                      lambda gm, inputs, name: None),
              needs_overlay=True),
     Contract("ShapeEnv.error_on_new_guards refuses guards (backported to 2.11)",
              "collective_choice_modules.compiled_module", check_guards_are_refused,
