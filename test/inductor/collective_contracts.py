@@ -338,16 +338,18 @@ def break_compiled_graphs() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(CompiledFxGraph, "__init__", init)
 
 
+def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The contracts' collective ops' one implementation with a graph (its name is its
+    choice's label)."""
+    fc = torch.ops._c10d_functional
+    return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
+
+
 def check_collectives_reach_the_selector() -> None:
     """register_custom_op_autotuning notes the op (collective_autotuning.note_registration),
     and AlgorithmSelectorCache hands a collective op to select_collective_choice."""
     from torch._inductor.kernel import collective_autotuning
     from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
-
-    fc = torch.ops._c10d_functional
-
-    def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-        return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
 
     custom_op = _contract_all_reduce()
     op = torch.ops.collective_contract.all_reduce.default
@@ -388,11 +390,6 @@ def check_winners_with_a_graph_are_inlined() -> None:
     returns none for such a winner rather than lowering one to be thrown away."""
     from torch._inductor.codegen import subgraph
     from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
-
-    fc = torch.ops._c10d_functional
-
-    def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-        return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
 
     custom_op = _contract_slow_all_reduce()
     op = torch.ops.collective_contract.slow_all_reduce.default
