@@ -512,8 +512,8 @@ def run_in_process(args: argparse.Namespace) -> None:
     before it is measured): the job's decisions belong to a group, so the tuned model
     tunes again. The medians are the result; one compile varies by tenths of a second.
     With ``--profile DIR``, the profile of one more tuned compile of each config, and of
-    its written-in winner's (cProfile, this rank's main thread), is written there, as text (the functions by their
-    cumulative time) and as pstats data. A profiled compile's times are the
+    its written-in winner's (cProfile, this rank's main thread), is written there, as
+    text (the functions by their cumulative time) and as pstats data. A profiled compile's times are the
     profiler's: profile only to see where time goes."""
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
     from torch._inductor.utils import fresh_cache
@@ -537,33 +537,26 @@ def run_in_process(args: argparse.Namespace) -> None:
                 times["plain"], phases["plain"] = compile_seconds(PlainStack, cfg, device, group)
             with fresh_cache():
                 start = len(collective_autotune_records())
-                profile_to = (os.path.join(args.profile, f"{mode}_{shape}_rank{rank}.txt")
+                profile_to = (os.path.join(args.profile, f"{mode}_{shape}_rank{rank}")
                               if rep == args.repeat else None)
-                times["tuned"], phases["tuned"] = compile_seconds(TPStack, cfg, device, group, profile_to)
+                times["tuned"], phases["tuned"] = compile_seconds(
+                    TPStack, cfg, device, group, profile_to and profile_to + ".txt")
                 tuned_records = collective_autotune_records()[start:]
                 times["tuned_again"], _ = compile_seconds(TPStack, cfg, device, group)
             # Where ranges differ, the winner of most call sites.
             winner = statistics.mode(short_winner(r.winner, implementations(args.device)) for r in tuned_records)
             with fresh_cache():
                 times["written"], phases["written"] = compile_seconds(
-                    written(winner), cfg, device, group, profile_to and profile_to[:-4] + "_written.txt")
+                    written(winner), cfg, device, group, profile_to and profile_to + "_written.txt")
             this = {
                 "compile_s": {k: round(v, 3) for k, v in times.items()},
                 "extra_s": round(times["tuned"] - times["plain"], 3),
                 "written_winner": winner,
                 "extra_over_written_s": round(times["tuned"] - times["written"], 3),
                 # Inductor's phases that tuning makes longer (tuned less plain, this rank).
-                "phases_extra_s": {
-                    k: round(phases["tuned"].get(k, 0.0) - phases["plain"].get(k, 0.0), 3)
-                    for k in sorted(set(phases["plain"]) | set(phases["tuned"]))
-                    if abs(phases["tuned"].get(k, 0.0) - phases["plain"].get(k, 0.0)) >= 0.01
-                },
+                "phases_extra_s": phases_longer(phases["tuned"], phases["plain"]),
                 # ... and tuned less the winner written in: what tuning itself adds.
-                "phases_over_written_s": {
-                    k: round(phases["tuned"].get(k, 0.0) - phases["written"].get(k, 0.0), 3)
-                    for k in sorted(set(phases["written"]) | set(phases["tuned"]))
-                    if abs(phases["tuned"].get(k, 0.0) - phases["written"].get(k, 0.0)) >= 0.01
-                },
+                "phases_over_written_s": phases_longer(phases["tuned"], phases["written"]),
                 "sites": len(tuned_records),
                 "winners": sorted({r.winner for r in tuned_records}),
                 "breakdown_s": breakdown(tuned_records),
@@ -602,6 +595,13 @@ def run_in_process(args: argparse.Namespace) -> None:
                   "goal": "tuning adds at most 0.5 s per tuned op to a cold compile"}
         write_json(args.out, result)
     dist.destroy_process_group()
+
+
+def phases_longer(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """Inductor's phases (seconds) that ``after`` spent longer or shorter in than
+    ``before``, by 10 ms or more."""
+    differences = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(set(after) | set(before))}
+    return {k: round(d, 3) for k, d in differences.items() if abs(d) >= 0.01}
 
 
 def used_group(device: torch.device) -> dist.ProcessGroup:
