@@ -6,6 +6,7 @@ every rank decided, where the decision came from, and that ranks agree.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -369,18 +370,30 @@ def test_forward_and_backward_dispatch_by_size_from_one_compile(device):
     assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
 
 
-def test_a_tie_at_a_ranges_top_goes_to_the_winner_below():
+def test_a_range_keeps_the_nearest_winner_unless_another_is_clearly_faster():
     # The pick itself: a pure function of the group's timings (identical on every rank).
     from torch._inductor.kernel.collective_timing import pick
     from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 
     names = ["one_shot", "two_shot", "default"]
     timings = [ChoiceTiming(n, us, us, 1, "ok") for n, us in zip(names, (12.0, 10.1, 10.0))]
-    # two_shot, 1% slower at the range's top, won the range below: a tie goes its way.
+    # two_shot, 1% slower at the range's top, won the range below: it keeps this one.
     winner, reason = pick(names, timings, 1.0, ("two_shot", "16"))
-    assert winner == "two_shot" and "the winner at 16 below" in reason
+    assert winner == "two_shot" and "won at 16" in reason
     assert pick(names, timings, 1.0, None)[0] == "default"
-    assert pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"  # 20%: no tie
+    assert pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"  # clearly faster
+    # 10% apart by medians, but the samples overlap (eager launches at one token): noise
+    # does not buy a size dispatch.
+    noisy = [
+        ChoiceTiming("one_shot", 86.0, 86.0, 1, "ok", low_us=70.0, high_us=95.0),
+        ChoiceTiming("default", 78.0, 78.0, 1, "ok", low_us=60.0, high_us=90.0),
+    ]
+    assert pick(["one_shot", "default"], noisy, 1.0, ("one_shot", "inf"))[0] == "one_shot"
+    apart = [
+        dataclasses.replace(noisy[0], low_us=84.0, high_us=88.0),
+        dataclasses.replace(noisy[1], low_us=76.0, high_us=80.0),
+    ]
+    assert pick(["one_shot", "default"], apart, 1.0, ("one_shot", "inf"))[0] == "default"
     # A user's min_speedup_threshold still favours the op's own implementation.
     assert pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
 

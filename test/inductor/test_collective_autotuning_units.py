@@ -21,8 +21,8 @@ from torch._inductor.kernel.collective_choices import code_identity, unwaited_co
 from torch._inductor.kernel.collective_dispatch import (
     _bisection_order,
     _branches,
-    decided_below,
     interpolated,
+    tie_reference,
 )
 from torch._inductor.kernel.collective_graph import (
     _decide_graph,
@@ -55,10 +55,10 @@ from torch._inductor.runtime.collective_protocol import (
 # -- the ladder ------------------------------------------------------------------------------
 
 
-def test_ranges_are_tuned_coarse_to_fine():
+def test_ranges_are_tuned_coarse_to_fine_largest_first():
     assert _bisection_order(1) == [0]
-    assert _bisection_order(2) == [0, 1]
-    assert _bisection_order(8) == [0, 7, 3, 1, 5, 2, 4, 6]
+    assert _bisection_order(2) == [1, 0]
+    assert _bisection_order(8) == [7, 0, 3, 1, 5, 2, 4, 6]
     for n in range(1, 20):
         assert sorted(_bisection_order(n)) == list(range(n))
 
@@ -80,11 +80,13 @@ def test_a_range_between_two_that_agree_takes_their_winner():
     assert interpolated(LADDER, "op_range_1_1", decided) is None  # nothing below
 
 
-def test_a_tie_goes_to_the_winner_just_below_once_decided():
-    assert decided_below(LADDER, "op_range_1_1", {}.get) is None
-    assert decided_below(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == ("x", "4")
-    # Further below says nothing of this range's lower sizes.
-    assert decided_below(LADDER, "op_range_5_16", {"op_range_1_1": "x"}.get) is None
+def test_a_range_keeps_the_nearest_decided_winner_below_else_above():
+    assert tie_reference(LADDER, "op_range_1_1", {}.get) is None
+    assert tie_reference(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == ("x", "4")
+    below_and_above = {"op_range_1_1": "x", "op_range_65_inf": "y"}.get
+    assert tie_reference(LADDER, "op_range_5_16", below_and_above) == ("x", "1")
+    # The smallest range, timed after the largest, has only ranges above.
+    assert tie_reference(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == ("y", "inf")
 
 
 @dataclasses.dataclass(frozen=True)

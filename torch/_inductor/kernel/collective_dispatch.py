@@ -12,11 +12,12 @@ key of its own (so it is reused in the job and kept on disk like any other); nei
 ranges with one winner merge, and the generated code dispatches on the size at run
 time (:func:`lower_size_dispatch`: host code in the wrapper, CUDA graphs kept).
 
-Ranges are tuned coarse to fine: the smallest and largest first, then the middle of
-every gap. A range whose nearest decided neighbours below and above chose the same
+Ranges are tuned coarse to fine: the largest and the smallest first, then the middle
+of every gap. A range whose nearest decided neighbours below and above chose the same
 implementation takes it without being timed (:func:`interpolated`); only the gaps
-where the winner changes are timed at every point. A tie at a range's top size goes to
-the winner of the sizes below (:func:`decided_below`). Each implementation is compiled
+where the winner changes are timed at every point. A timed range keeps the winner of
+its nearest decided range unless another choice is clearly faster at its top size
+(:func:`tie_reference`): noise does not buy a dispatch. Each implementation is compiled
 for the benchmark once, for any size (:func:`benchmark_module`), and timed at every
 range's size.
 """
@@ -154,18 +155,20 @@ def interpolated(
     return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
 
 
-def decided_below(
+def tie_reference(
     ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]]
 ) -> Optional[tuple[str, str]]:
-    """The winner of the range just below range ``name`` of ``ladder``, and its top
-    size, once decided. A range is timed at its top; where two choices tie there, the
-    one that won just below is the faster over the rest of the range, which lies toward
-    it. (A range decided further below says nothing of this one's lower sizes.)"""
-    i = list(ladder).index(name)
-    if i == 0:
-        return None
-    winner = decided(ladder[i - 1])
-    return None if winner is None else (winner, _top(ladder[i - 1]))
+    """The winner that range ``name`` of ``ladder`` keeps unless another choice is
+    clearly faster at its top size, and that range's top size: the nearest decided
+    range's below (a range's sizes lie below its top, toward it), else above (the
+    smallest range, timed after the largest). One implementation along the ladder
+    needs no size dispatch; where timings are within noise, switching would buy
+    nothing but the dispatch."""
+    for step in (-1, 1):
+        nearest = _nearest_decided(ladder, name, decided, step)
+        if nearest is not None:
+            return nearest[1], _top(nearest[0])
+    return None
 
 
 def _nearest_decided(
@@ -257,10 +260,12 @@ def _points(ratio: int, upper: int) -> tuple[int, ...]:
 
 
 def _bisection_order(n: int) -> list[int]:
-    """0, n-1, then the middle of every gap, level by level."""
+    """n-1, 0, then the middle of every gap, level by level. The largest sizes first:
+    their timings are the least noisy (whole passes over the data, not launches), so
+    the smallest range's near-tie goes to their winner."""
     if n <= 2:
-        return list(range(n))
-    order, gaps = [0, n - 1], [(0, n - 1)]
+        return list(reversed(range(n)))
+    order, gaps = [n - 1, 0], [(0, n - 1)]
     while gaps:
         following = []
         for lo, hi in gaps:

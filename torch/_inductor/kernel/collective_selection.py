@@ -94,8 +94,9 @@ class CallSite:
     # Where a decision was taken before tracing (a ladder's interpolation), and why.
     source: Optional[Source] = None
     reason: str = ""
-    # A ladder range's: the winner of the range just below (once decided), its top size.
-    below: Optional[tuple[str, str]] = None
+    # A ladder range's: the winner it keeps unless another is clearly faster, and the
+    # top size of the range that winner won (collective_dispatch.tie_reference).
+    nearest: Optional[tuple[str, str]] = None
     # The tensor inputs the op declares it writes into (by position).
     mutable: tuple[int, ...] = ()
     # When it was prepared (its choices are traced after).
@@ -243,7 +244,7 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
         return GroupChoice.decode(published).winner
     _prepared_sites()[site.name] = dataclasses.replace(
         site,
-        below=collective_dispatch.decided_below(ladder, site.name, winner_of) if ladder else None,
+        nearest=collective_dispatch.tie_reference(ladder, site.name, winner_of) if ladder else None,
     )
     choice = collective_graph.decided(decisions, site.key)
     return None if choice is None else choice.winner
@@ -487,7 +488,7 @@ class _SiteWork:
                 neighbours=site.neighbours,
                 mutable=site.mutable,
             )
-        winner, picked_because = pick(picked, timings, site.min_speedup_threshold, site.below)
+        winner, picked_because = pick(picked, timings, site.min_speedup_threshold, site.nearest)
         return tuple(timings), winner, f"{decision.reason}; {picked_because}"
 
 

@@ -36,7 +36,6 @@ from torch._inductor.runtime.collective_benchmarking import (
     CollectiveBenchmarker,
     OK,
     ScreenInputs,
-    TIE_FRACTION,
 )
 
 if TYPE_CHECKING:
@@ -307,23 +306,28 @@ def pick(
     names: list[str],
     timings: Sequence[ChoiceTiming],
     min_speedup_threshold: float,
-    below: Optional[tuple[str, str]] = None,
+    nearest: Optional[tuple[str, str]] = None,
 ) -> tuple[str, str]:
-    """The winner and why. ``below``: for a ladder range, the winner of the range just
-    below and its top size, which a tie at this range's top goes to."""
+    """The winner and why. ``nearest``: for a ladder range, the winner of the nearest
+    decided range and its top size, which keeps this range unless the fastest here is
+    clearly faster (by more than their samples' spread): switching implementations
+    along the ladder costs a size dispatch, so noise must not decide it."""
     # The vector is identical on every rank; min() keeps the first of equal times.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
         return DEFAULT, "every choice failed on some rank; using the op's own implementation"
     because = "fastest on its slowest rank"
-    if below is not None and below[0] != names[best] and below[0] in names:
-        tied = names.index(below[0])
-        if timings[tied].max_us <= timings[best].max_us * (1 + TIE_FRACTION):
+    if nearest is not None and nearest[0] != names[best] and nearest[0] in names:
+        kept = names.index(nearest[0])
+        if math.isfinite(timings[kept].max_us) and not timings[best].clearly_faster_than(
+            timings[kept]
+        ):
             because = (
-                f"within {TIE_FRACTION:.0%} of {names[best]} at this range's top size on their "
-                f"slowest ranks, and the winner at {below[1]} below"
+                f"{names[best]} is not clearly faster at this range's top size on their "
+                f"slowest ranks (their quartiles overlap), and {names[kept]} won at "
+                f"{nearest[1]}"
             )
-            best = tied
+            best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
     # A threshold of 1 asks for the fastest, a tie above included.
     if (

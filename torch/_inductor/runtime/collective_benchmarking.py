@@ -269,6 +269,20 @@ class ChoiceTiming:
     samples: int = 0
     # How far apart the ranks reached this choice's rendezvous call (median, us).
     skew_us: float = 0.0
+    # Lower and upper quartile of the samples on the slowest rank (each rank's, MAX
+    # over ranks, as the benchmark prunes by); the median where none were given.
+    low_us: float = math.nan
+    high_us: float = math.nan
+
+    def __post_init__(self) -> None:
+        for name in ("low_us", "high_us"):
+            if math.isnan(getattr(self, name)):
+                object.__setattr__(self, name, self.max_us)
+
+    def clearly_faster_than(self, other: ChoiceTiming) -> bool:
+        """Whether this choice beat ``other`` by more than the samples' spread: the
+        benchmark's own test for dropping ``other`` (see :func:`clearly_slower`)."""
+        return clearly_slower(other.low_us, self.high_us)
 
 
 class Verdict(enum.IntEnum):
@@ -621,12 +635,20 @@ class CollectiveBenchmarker:
         samples: list[list[float]],
         skews: list[list[float]],
     ) -> list[ChoiceTiming]:
-        medians = [statistics.median(s) if s else math.inf for s in samples]
+        quartiles = [_quartiles(s) for s in samples]
+        medians = [q[1] for q in quartiles]
         skew = [statistics.median(s) if s else 0.0 for s in skews]
         n = len(candidates)
         # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank,
-        # and the spread of the rendezvous' duration.
-        reduced = self._all_reduce_max(medians + [-t for t in medians] + skew + [-s for s in skew])
+        # the spread of the rendezvous' duration, and the quartiles on the slowest rank.
+        reduced = self._all_reduce_max(
+            medians
+            + [-t for t in medians]
+            + skew
+            + [-s for s in skew]
+            + [q[0] for q in quartiles]
+            + [q[2] for q in quartiles]
+        )
         return [
             ChoiceTiming(
                 name=c.name,
@@ -636,6 +658,8 @@ class CollectiveBenchmarker:
                 status=status[i],
                 samples=len(samples[i]),
                 skew_us=reduced[2 * n + i] + reduced[3 * n + i],
+                low_us=reduced[4 * n + i],
+                high_us=reduced[5 * n + i],
             )
             for i, c in enumerate(candidates)
         ]
@@ -865,9 +889,7 @@ def prune(
     ``keep``); sampling stops once the leader is alone or the rest tie with it."""
     leader = min(live, key=lambda i: mid[i])
     dropped = [
-        i
-        for i in live
-        if i != leader and i not in keep and low[i] > high[leader] * (1 + _DROP_MARGIN)
+        i for i in live if i != leader and i not in keep and clearly_slower(low[i], high[leader])
     ]
     if dropped:
         log.debug(
@@ -882,6 +904,12 @@ def prune(
         mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
     )
     return live, not rest or tied
+
+
+def clearly_slower(low_us: float, leader_high_us: float) -> bool:
+    """Whether a choice whose lower quartile is ``low_us`` is clearly slower than one
+    whose upper quartile is ``leader_high_us``: by at least the drop margin."""
+    return low_us > leader_high_us * (1 + _DROP_MARGIN)
 
 
 def benchmark_device(device: torch.device) -> torch.device:
