@@ -42,6 +42,8 @@ def check_agreement(results, n_ops: int, world_size: int) -> list:
         assert len(record.group_ranks) == world_size
         assert all(t.status == "ok" for t in record.timings), record
         assert all(0 < t.min_us <= t.max_us < math.inf for t in record.timings), record
+        # The slowest rank's quartiles (each one the largest over the ranks) bracket its median.
+        assert all(0 < t.low_us <= t.max_us <= t.high_us < math.inf for t in record.timings), record
         best = min(record.timings, key=lambda t: t.max_us)
         assert record.winner == best.name, record
     return per_rank[0]
@@ -514,6 +516,7 @@ def labelled_body(r: Rank) -> str:
 def test_tables_and_logs_name_choices_readably():
     text, _ = assert_all_ok(run_ranks(2, labelled_body))
     assert "chunked(chunks=2)" in text and "chunked(chunks=4)" in text and "default" in text
+    assert "its quartiles us" in text  # what "clearly faster" compares
     assert "_autotuned_" not in text and "group_name" not in text
 
 

@@ -160,14 +160,16 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
         lines.append(f"  timed with its pointwise neighbours: {record.timed_with}")
     if record.timings:
         width = max(len(t.name) for t in record.timings)
+        # The quartiles are what "clearly faster" compares (collective_timing.pick).
         lines.append(
-            f"  {'choice':<{width}}  {'slowest rank us':>15}  {'fastest rank us':>15}  "
-            f"{'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"
+            f"  {'choice':<{width}}  {'slowest rank us':>15}  {'its quartiles us':>17}  "
+            f"{'fastest rank us':>15}  {'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"
         )
         for t in record.timings:
             mark = "  <- winner" if t.name == record.winner else ""
+            quartiles = f"{t.low_us:.1f}-{t.high_us:.1f}"
             lines.append(
-                f"  {t.name:<{width}}  {t.max_us:>15.1f}  {t.min_us:>15.1f}  "
+                f"  {t.name:<{width}}  {t.max_us:>15.1f}  {quartiles:>17}  {t.min_us:>15.1f}  "
                 f"{t.calls_per_sample:>12}  {t.samples:>7}  {t.skew_us:>7.1f}  {t.status}{mark}"
             )
     return "\n".join(lines)
