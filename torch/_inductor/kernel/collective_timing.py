@@ -319,13 +319,12 @@ def pick(
     because = "fastest on its slowest rank"
     if nearest is not None and nearest[0] != names[best] and nearest[0] in names:
         kept = names.index(nearest[0])
-        if math.isfinite(timings[kept].max_us) and not timings[best].clearly_faster_than(
-            timings[kept]
-        ):
+        # (A kept choice that failed has infinite quartiles: anything is clearly faster.)
+        if not timings[best].clearly_faster_than(timings[kept]):
             because = (
                 f"{names[best]} is not clearly faster at this range's top size on their "
-                f"slowest ranks (their quartiles overlap), and {names[kept]} won at "
-                f"{nearest[1]}"
+                f"slowest ranks (their quartiles are within 2% of each other), and "
+                f"{names[kept]} won at {nearest[1]}"
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
