@@ -2,8 +2,10 @@
 #   make demo   a tensor-parallel block whose all-reduce is autotuned on 2 gloo ranks
 #   make test   the test suite (multi-process, real gloo process groups)
 # Afterwards .venv/bin/python and .venv/bin/torchrun are the patched environment
-# (torch 2.14.1, what `pip install torch` gives here); .venv-2.13 holds torch 2.13.0,
-# on which the overlay, the contracts and the dynamic-size tests run too.
+# (torch 2.14.1, what `pip install torch` gives here); .venv-2.13 and .venv-2.11 hold
+# torch 2.13.0 and 2.11.0 (the GPU machines' torch), on which the overlay, the
+# contracts, the dynamic-size tests, upstream's test patterns and the check that ops
+# which do not communicate are untouched run too.
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,18 +13,25 @@ VPY := $(VENV)/bin/python
 TORCH ?= 2.14.1
 VENV_213 := .venv-2.13
 VPY_213 := $(VENV_213)/bin/python
+VENV_211 := .venv-2.11
+VPY_211 := $(VENV_211)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test test-2.13 overlay overlay-2.13 unoverlay gpu-demo gpu-test
+.PHONY: demo test test-2.13 test-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet torch==$(TORCH) numpy pytest
+	$(VPY) -m pip install --quiet torch==$(TORCH) numpy pytest expecttest
 	touch $@
 
 $(VENV_213)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_213)
-	$(VPY_213) -m pip install --quiet torch==2.13.0 numpy pytest
+	$(VPY_213) -m pip install --quiet torch==2.13.0 numpy pytest expecttest
+	touch $@
+
+$(VENV_211)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV_211)
+	$(VPY_211) -m pip install --quiet torch==2.11.0 numpy pytest expecttest
 	touch $@
 
 # Applying is idempotent and cheap; run it every time so a changed diff takes effect.
@@ -32,6 +41,9 @@ overlay: $(VENV)/.installed
 overlay-2.13: $(VENV_213)/.installed
 	$(VPY_213) tools/overlay.py --python $(VPY_213) apply
 
+overlay-2.11: $(VENV_211)/.installed
+	$(VPY_211) tools/overlay.py --python $(VPY_211) apply
+
 unoverlay:
 	$(VPY) tools/overlay.py --python $(VPY) remove
 
@@ -39,17 +51,25 @@ demo: overlay
 	$(VENV)/bin/torchrun --nproc_per_node=$(NPROC) examples/tp_allreduce/demo.py
 
 # Self-spawning first, then the same file with every process a rank of torchrun
-# (cases of another world size skip there); then torch 2.13.
-test: overlay test-2.13
+# (cases of another world size skip there); then torch 2.13 and 2.11.
+test: overlay test-2.13 test-2.11
 	$(VPY) -m pytest test -q
 	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest test -q -p no:cacheprovider
 	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest test -q -p no:cacheprovider
 
-# On torch 2.13: the overlay's round trip, the upstream contracts, the size dispatch.
+# What the older minors run: the overlay's round trip, the upstream contracts, the size
+# dispatch, upstream's test patterns on every rank, ops that do not communicate.
+MINOR_TESTS := test/inductor/test_collective_autotuning_overlay.py \
+	test/inductor/test_collective_autotuning_contracts.py test/inductor/test_collective_autotuning_units.py \
+	test/inductor/test_collective_autotuning_graphs.py test/inductor/test_collective_autotuning_conformance.py \
+	test/inductor/test_collective_autotuning_noncollective.py
+MINOR_SELECT := overlay or contract or units or dynamic or split or mix or Upstream or noncollective
+
 test-2.13: overlay-2.13
-	$(VPY_213) -m pytest -q -p no:cacheprovider test/inductor/test_collective_autotuning_overlay.py \
-		test/inductor/test_collective_autotuning_contracts.py test/inductor/test_collective_autotuning_units.py \
-		test/inductor/test_collective_autotuning_graphs.py -k "overlay or contract or units or dynamic or split or mix"
+	$(VPY_213) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"
+
+test-2.11: overlay-2.11
+	$(VPY_211) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"
 
 # On a GPU machine whose system python3 already has torch (no network, no venv).
 gpu-demo:

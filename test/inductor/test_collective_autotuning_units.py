@@ -222,6 +222,54 @@ def test_reading_a_collectives_output_before_waiting_is_found():
     assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
 
 
+def _targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output():
+    from torch._inductor.kernel.collective_waits import with_waits
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fc = torch.ops._c10d_functional
+    x = torch.randn(4)
+
+    def scaled(x):  # upstream's "avg times world size": reads before waiting
+        out = fc.all_reduce_(x.clone(), "avg", "0")
+        return out * 2
+
+    def returned(x):  # upstream's "sum": returns the output unwaited
+        return fc.all_reduce_(x.clone(), "sum", "0")
+
+    for fn, expected in [
+        (scaled, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
+                  "_c10d_functional.wait_tensor.default", "aten.mul.Tensor"]),
+        (returned, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
+                    "_c10d_functional.wait_tensor.default"]),
+    ]:
+        unwaited = make_fx(fn, tracing_mode="fake")(x)
+        assert unwaited_collective(unwaited) != "", fn.__name__
+        gm = make_fx(with_waits(fn, None), tracing_mode="fake")(x)
+        assert _targets(gm) == expected, (fn.__name__, _targets(gm))
+        assert unwaited_collective(gm) == "", fn.__name__
+
+
+def test_an_implementation_that_waits_is_traced_as_written():
+    from torch._inductor.kernel.collective_waits import with_waits
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fc = torch.ops._c10d_functional
+
+    def overlapped(x, w):  # the wait comes after independent work: kept there
+        out = fc.all_reduce(x, "sum", "0")
+        y = w @ w
+        return fc.wait_tensor(out) + y
+
+    args = (torch.randn(4, 4), torch.randn(4, 4))
+    plain = make_fx(overlapped, tracing_mode="fake")(*args)
+    waited = make_fx(with_waits(overlapped, None), tracing_mode="fake")(*args)
+    assert waited.code == plain.code
+
+
 # -- agreeing ----------------------------------------------------------------------------------
 
 

@@ -41,11 +41,13 @@ from torch._inductor.kernel import (
 )
 from torch._inductor.kernel.collective_choice_modules import neighbours_of_site
 from torch._inductor.kernel.collective_choices import (
+    check_own_implementation,
     choice_label,
     complete_default_choice,
     DEFAULT,
     guarded_implementation,
     label,
+    own_waits,
     RangeWinner,
     register,
     schema_arguments,
@@ -68,6 +70,7 @@ from torch._inductor.kernel.collective_records import (
     keep_record,
 )
 from torch._inductor.kernel.collective_timing import BenchmarkInputs
+from torch._inductor.kernel.collective_waits import Waits, wait_for_output
 from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
 
 if TYPE_CHECKING:
@@ -80,6 +83,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectiveAutotuneRecord",
     "collective_autotune_records",
+    "collective_output_node",
     "detect_collective",
     "format_record",
     "note_registration",
@@ -228,7 +232,15 @@ def detect_collective(
         for node in collective_calls(gm):
             collective = True
             groups.extend(group_arguments(node, gm))
-    if collective and not (dist.is_available() and dist.is_initialized()):
+    initialised = dist.is_available() and dist.is_initialized()
+    if initialised and (collective or any(trace_failure(c) for c in choices)):
+        # The op's own implementation: what every rank falls back to, so it must be
+        # right too; where no choice could be traced, it tells whether the op
+        # communicates.
+        own = check_own_implementation(op_overload, choices[0].input_nodes, non_tensor_args)
+        collective = collective or bool(own.groups)
+        groups.extend(own.groups)
+    if collective and not initialised:
         _warn_once(
             f"{op_name(op_overload)} is a collective op but torch.distributed is not "
             "initialised: it is autotuned like any other op, on this rank alone"
@@ -291,6 +303,17 @@ def select_collective_choice(
             benchmark_with_cudagraphs,
         )
     return _finish(record, by_label)
+
+
+def collective_output_node(choice: ChoiceCaller) -> Any:
+    """The lowered call of ``choice``, the group's pick that is not inlined: the op's
+    own implementation is followed by a wait where its body returns a collective's
+    output unwaited (collective_choices.check_own_implementation)."""
+    node = choice.output_node()
+    op = getattr(getattr(choice, "choice", None), "op_overload", None)
+    if op is not None and own_waits(op) is Waits.OUTPUT:
+        return wait_for_output(node)
+    return node
 
 
 def _finish(

@@ -23,6 +23,15 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective_detection import op_name
+from torch._inductor.kernel.collective_waits import (
+    OwnImplementation,
+    Waits,
+    dispatchable,
+    recorded_own_waits,
+    trace_own_implementation,
+    waited_call,
+    with_waits,
+)
 from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
 from torch._inductor.runtime.collective_protocol import describe
 
@@ -214,28 +223,52 @@ def label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
 
 def the_op_itself(op: Any, schema: set[str]) -> Callable[..., Any]:
     """A stand-in implementation: the op's own call (never chosen; its name is no
-    implementation's)."""
+    implementation's), followed by a wait where the op's body returns a collective's
+    output unwaited (see :func:`check_own_implementation`)."""
 
     def the_op_itself(*args: Any, **kwargs: Any) -> Any:
-        return op(*args, **{k: v for k, v in kwargs.items() if k in schema})
+        call = waited_call(op, own_waits(op))
+        return call(*args, **{k: v for k, v in kwargs.items() if k in schema})
 
     return the_op_itself
 
 
+def check_own_implementation(
+    op: Any, inputs: Sequence[Any], non_tensor_args: Sequence[dict[str, Any]]
+) -> OwnImplementation:
+    """What the op's own implementation, called on ``inputs`` (the IR nodes of the call
+    being lowered), does with functional collectives: on which groups, and whether it
+    leaves one's output unwaited (then every call of it is followed by a wait); raises
+    where it reads one inside (see collective_waits.trace_own_implementation)."""
+    body = _python_kernel(op_name(op))
+    if body is None:
+        return OwnImplementation()
+    names = schema_arguments(op)
+    kwargs = {k: v for k, v in (non_tensor_args or [{}])[0].items() if k in names}
+    return trace_own_implementation(op, body, inputs, kwargs)
+
+
+def own_waits(op: Any) -> Waits:
+    """What :func:`check_own_implementation` found for ``op`` in this process."""
+    return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
+
+
 def guarded_implementation(decomposition: Callable[..., Any], op: Any) -> Callable[..., Any]:
-    """``decomposition``, traced as the op itself where it raises while traced, with
-    the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
+    """``decomposition``, waiting for the functional collectives it did not wait for
+    (collective_waits.with_waits), and traced as the op itself where it raises while
+    traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
     from torch.fx.experimental import symbolic_shapes
 
     # Upstream skips implementations that add guards (it raises these while it
     # traces), on every rank alike: they pass through.
     guard_errors = (symbolic_shapes._ShapeEnvGuardError, AssertionError)
     instead = the_op_itself(op, schema_arguments(op))
+    waited = with_waits(decomposition, op)
 
-    @functools.wraps(decomposition)
+    @functools.wraps(waited)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
-            return decomposition(*args, **kwargs)
+            return waited(*args, **kwargs)
         except guard_errors:
             raise
         except Exception as e:  # noqa: BLE001 - reported to the group by the choice
@@ -437,7 +470,7 @@ class RangeWinner:
             return RangeWinner(
                 name, the_op_itself(op, schema_arguments(op)), {}, config_patches or {}, default
             )
-        return RangeWinner(name, decomposition, kwargs, config_patches or {}, default)
+        return RangeWinner(name, dispatchable(decomposition), kwargs, config_patches or {}, default)
 
     def output_node(self) -> Any:
         # Unused by the range-based lowering, so removed with the graph's dead code.

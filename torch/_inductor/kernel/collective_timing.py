@@ -27,7 +27,8 @@ from torch._inductor.kernel.collective_choice_modules import (
     Neighbours,
     START,
 )
-from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory
+from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory, own_waits
+from torch._inductor.kernel.collective_waits import waited_call
 from torch._inductor.runtime.collective_protocol import describe
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
@@ -258,7 +259,8 @@ def _runner(
             return out
 
     else:
-        call = kernel
+        # The op's own implementation: waited for where its body leaves that to the caller.
+        call = waited_call(kernel, own_waits(getattr(getattr(choice, "choice", None), "op_overload", None)))
     # The op's own implementation runs as an opaque call in the model, its
     # neighbours as kernels of their own: so here.
     with_neighbours = neighbours.around(call)
