@@ -408,6 +408,64 @@ def scale_by_add(x: torch.Tensor) -> torch.Tensor:
     return x + x
 
 
+# -- work that a loaded host slows down ------------------------------------------------
+
+
+# CPU seconds of one unit of "opaque work": a fixed amount of computation, which takes
+# longer in wall time when the host is busy (a sleep would not).
+WORK_UNIT_S = 1e-3
+
+
+@torch.library.custom_op("cat_test::work", mutates_args=())
+def work(x: torch.Tensor, units: str) -> torch.Tensor:
+    """``x``, after this rank's share of ``units`` (per rank: "0,15") of CPU work."""
+    spent = time.thread_time() + _per_rank(units) * WORK_UNIT_S
+    while time.thread_time() < spent:
+        pass
+    return x.clone()
+
+
+@work.register_fake
+def _(x: torch.Tensor, units: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def worked_all_reduce(name: str, units: str) -> Callable:
+    """An all-reduce after ``units`` of CPU work per rank (see :func:`work`)."""
+
+    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+        return fc.wait_tensor(fc.all_reduce(work(x, units), "sum", group_name))
+
+    impl.__name__ = name
+    return impl
+
+
+@torch.library.custom_op("cat_test::worked_all_reduce", mutates_args=())
+def loaded_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The op's own implementation: more work than either choice, on every rank."""
+    out = work(x, "25")
+    dist.all_reduce(out, group=group_of(group_name))
+    return out
+
+
+@loaded_all_reduce.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def register_balanced_and_skewed() -> None:
+    """"balanced": 10 units on every rank; "skewed": none on rank 0, 15 on the others.
+    By the slowest rank balanced is faster, unless a busy host slows the ranks that
+    work at once more than the one that works alone."""
+    register_custom_op_autotuning(
+        loaded_all_reduce,
+        configs=[
+            CustomOpConfig(worked_all_reduce("balanced", "10")),
+            CustomOpConfig(worked_all_reduce("skewed", "0,15")),
+        ],
+    )
+
+
 # -- registrations ---------------------------------------------------------------------
 
 

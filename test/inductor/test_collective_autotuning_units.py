@@ -424,3 +424,30 @@ def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decisio
     with pytest.raises(CollectiveAutotuneError, match="ended without a decision"):
         CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
     assert time.monotonic() - begin < 0.1
+
+
+# -- how far a benchmark's readings can be trusted ------------------------------------------
+
+
+def test_a_pick_is_settled_only_when_clearly_ahead_on_a_quiet_host():
+    from torch._inductor.runtime.collective_benchmarking import ChoiceTiming, OK
+    from torch._inductor.runtime.collective_confidence import CONTENTION_LIMIT, judge
+
+    def timing(name, low, mid, high):
+        return ChoiceTiming(name, mid, mid, 1, OK, low_us=low, high_us=high)
+
+    clear = [timing("a", 9.0, 10.0, 10.5), timing("b", 12.0, 13.0, 14.0), timing("c", 30, 31, 32)]
+    quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
+    settled = judge(clear, "a", quiet, host_paced=True)
+    assert settled.settled and settled.runner_up == "b"
+    assert abs(settled.lead - (12.0 / 10.5 - 1)) < 1e-9
+    # The same readings on a busy host: not trusted where the host paced the samples
+    # (eager), trusted where it did not (CUDA-graph replays).
+    assert not judge(clear, "a", busy, host_paced=True).settled
+    assert "busy" in judge(clear, "a", busy, host_paced=True).reason
+    assert judge(clear, "a", busy, host_paced=False).settled
+    # Overlapping quartiles: not clearly ahead, whatever the host.
+    close = [timing("a", 9.0, 10.0, 11.0), timing("b", 10.5, 10.8, 12.0)]
+    assert not judge(close, "a", 0.0, host_paced=False).settled
+    # Only one choice timed: nothing to be unsure about.
+    assert judge([clear[0]], "a", busy, host_paced=True).settled

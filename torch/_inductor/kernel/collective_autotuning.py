@@ -340,13 +340,14 @@ def _keep(record: CollectiveAutotuneRecord) -> None:
 
     keep_record(record)
     log.info(
-        "collective autotuning %s on group %s: %s (%s; %s; tracing the choices %.2f s, compiling "
-        "them %.2f s, timing %.2f s, waiting for the group %.2f s, %d Store requests)",
+        "collective autotuning %s on group %s: %s (%s; %s%s; tracing the choices %.2f s, "
+        "compiling them %.2f s, timing %.2f s, waiting for the group %.2f s, %d Store requests)",
         record.op,
         record.group_name,
         record.winner,
         record.source.value,
         record.reason,
+        f"; {record.confidence.describe()}" if record.confidence else "",
         record.trace_s,
         record.build_s,
         record.tuning_s,

@@ -350,6 +350,8 @@ class SiteReport:
     # Whether this rank built its choices before reporting (and ``failed`` says which
     # did not build).
     built: bool = False
+    # Where the stored decision is provisional: the runner-up to time its winner against.
+    stored_runner_up: str = ""
 
     def encode(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -365,6 +367,7 @@ class SiteReport:
             d["stored_winner"],
             d["failed"],
             d["built"],
+            d.get("stored_runner_up", ""),
         )
 
 
@@ -517,13 +520,26 @@ def _vote_key(
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
     if len(stored) == 1 and "" not in stored and winner in choices and winner not in failed:
-        verdict = _verify_stored(session, topic, winner, default, build, verify)
+        # A provisional decision (timed without confidence) is timed again against its
+        # runner-up, cheaply, and settled or replaced.
+        runner_up = reports[0].stored_runner_up
+        again = (runner_up,) if runner_up in choices and runner_up not in failed else ()
+        verdict = _verify_stored(session, topic, winner, default, build, verify, again)
+        if not verdict and again:
+            return SiteDecision(
+                Action.BENCHMARK,
+                (winner, *again),
+                f"every rank holds the same stored decision, provisional: {winner} timed "
+                f"against {runner_up} again",
+                Source.BENCHMARK,
+            )
         if not verdict:
             return SiteDecision(
                 Action.USE,
                 (winner,),
                 "every rank holds the same stored decision, which passed its screen again",
                 Source.DISK,
+                provisional=bool(runner_up),
             )
         log.warning(
             "the stored decision for %s (winner %s) is not used: %s; tuning afresh",
@@ -564,12 +580,19 @@ def _vote_key(
 
 
 def _verify_stored(
-    session: GroupSession, topic: str, winner: str, default: str, build: Build, verify: Verify
+    session: GroupSession,
+    topic: str,
+    winner: str,
+    default: str,
+    build: Build,
+    verify: Verify,
+    also: Sequence[str] = (),
 ) -> str:
     """Screen the stored ``winner`` against the op's own implementation on every rank
-    (a decision file may have been edited, a choice may compute differently now):
-    "" where it passed, else why not, the same on every rank."""
-    failed = _built(session, f"{topic}/verify", build, [default, winner])
+    (a decision file may have been edited, a choice may compute differently now),
+    building ``also`` with them: "" where all built and the winner passed, else why
+    not, the same on every rank."""
+    failed = _built(session, f"{topic}/verify", build, list(dict.fromkeys([default, winner, *also])))
     if failed:
         return "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
     return verify(winner, session)
@@ -733,7 +756,10 @@ def _why_not_loadable(group: ProcessGroup, inlined: list[InlinedDecision]) -> st
     environment, or for code that has changed since."""
     for d in inlined:
         if d.provisional:
-            return f"its decision for {d.op} was a fallback of an earlier job"
+            return (
+                f"its decision for {d.op} was provisional in an earlier job (a fallback, or "
+                "timed without confidence)"
+            )
         if d.environment != current_environment(group, d.environment):
             return f"its decision for {d.op} was made in {d.environment}"
         changed = sorted(

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
-from typing import Any, Mapping, Sequence, TYPE_CHECKING, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TYPE_CHECKING, TypeVar
 
 from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
+from torch._inductor.runtime.collective_confidence import Confidence
 from torch._inductor.runtime.collective_decisions import digest
 
 if TYPE_CHECKING:
@@ -106,9 +107,14 @@ class CollectiveAutotuneRecord:
     mode: str = ""
     timed_with: str = ""
     # A decision taken without the group's agreement on merit (a rank was absent or
-    # late): it holds for this job attempt only, is never stored on disk, and a cached
-    # graph that inlines it is not loaded by another attempt.
+    # late), or timed without confidence (see ``confidence``): it holds for this job
+    # attempt only, and a cached graph that inlines it is not loaded by another attempt.
+    # A timed one is kept on disk as provisional, for the next job to time again.
     provisional: bool = False
+    # How far the benchmark's readings can be trusted (runtime/collective_confidence):
+    # a benchmarked decision that is not settled is provisional, kept on disk as such
+    # and re-timed by the next job. None where nothing was timed.
+    confidence: Optional[Confidence] = None
     # Seconds this rank spent tracing the choices (upstream, before the decision),
     # waited for its peers (to arrive, to vote), spent compiling choices, and spent
     # otherwise on the decision (its own votes and the benchmark, whose steps are in
@@ -158,6 +164,8 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
     ]
     if record.timed_with:
         lines.append(f"  timed with its pointwise neighbours: {record.timed_with}")
+    if record.confidence is not None:
+        lines.append(f"  confidence: {record.confidence.describe()}")
     if record.timings:
         width = max(len(t.name) for t in record.timings)
         # The quartiles are what "clearly faster" compares (collective_timing.pick).

@@ -63,6 +63,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
     ChoiceTiming,
 )
+from torch._inductor.runtime.collective_confidence import Confidence, judge
 from torch._inductor.runtime.collective_decisions import DecisionStore, environment, StoredDecision
 from torch._inductor.runtime.collective_protocol import participant
 
@@ -325,16 +326,23 @@ def decide_site(
         work.verify,
         timing_allowed=not config.deterministic,
     )
-    timings, winner, reason = work.timed_winner(decision, voting)
-    decision = dataclasses.replace(decision, reason=reason)
-    source, winner, reason = _settled(site, decision, voting, timings, winner)
-    record = _record(
-        site,
-        voting,
-        dataclasses.replace(decision, source=source, reason=reason),
-        timings,
-        winner,
-        started,
+    timings, winner, reason, confidence = work.timed_winner(decision, voting)
+    decision = dataclasses.replace(
+        decision,
+        reason=reason,
+        provisional=decision.provisional or (confidence is not None and not confidence.settled),
+    )
+    source, winner, reason = _settled(site, decision, voting, timings, winner, confidence)
+    record = dataclasses.replace(
+        _record(
+            site,
+            voting,
+            dataclasses.replace(decision, source=source, reason=reason),
+            timings,
+            winner,
+            started,
+        ),
+        confidence=confidence,
     )
     waited_s = member.waited_s - waited_before
     return (
@@ -421,6 +429,7 @@ class _SiteWork:
             decided=known or "",
             stored=persisted.digest() if persisted else "",
             stored_winner=persisted.winner if persisted else "",
+            stored_runner_up=persisted.runner_up if persisted and persisted.provisional else "",
             failed={
                 **{
                     label: "not traced on this rank"
@@ -465,18 +474,18 @@ class _SiteWork:
 
     def timed_winner(
         self, decision: SiteDecision, voting: GroupSession
-    ) -> tuple[tuple[ChoiceTiming, ...], str, str]:
+    ) -> tuple[tuple[ChoiceTiming, ...], str, str, Optional[Confidence]]:
         """The group's timings of the key's choices (none where it decided without
-        timing them), the winner and why."""
+        timing them), the winner, why, and how far the timings can be trusted."""
         if decision.action != Action.BENCHMARK:
-            return (), decision.choices[0], decision.reason
+            return (), decision.choices[0], decision.reason, None
         picked = list(decision.choices)
         # Lowering runs with the Python dispatcher on; a gloo worker thread would
         # inherit it and wait for the GIL that this thread holds in wait_tensor
         # (Inductor's regular benchmarking deadlocks so on gloo collectives).
         site = self.site
         with no_python_dispatcher():
-            timings, self.phases = benchmark(
+            timings, self.phases, contention = benchmark(
                 self.inputs,
                 self.by_label,
                 picked,
@@ -489,7 +498,8 @@ class _SiteWork:
                 mutable=site.mutable,
             )
         winner, picked_because = pick(picked, timings, site.min_speedup_threshold, site.nearest)
-        return tuple(timings), winner, f"{decision.reason}; {picked_because}"
+        confidence = judge(timings, winner, contention, host_paced=site.mode == "eager")
+        return tuple(timings), winner, f"{decision.reason}; {picked_because}", confidence
 
 
 def _settled(
@@ -498,9 +508,11 @@ def _settled(
     voting: GroupSession,
     timings: tuple[ChoiceTiming, ...],
     winner: str,
+    confidence: Optional[Confidence],
 ) -> tuple[Source, str, str]:
     """Where the decision the group keeps for the key comes from, its winner and why;
-    a benchmarked one is stored on disk too."""
+    a benchmarked one is stored on disk too, provisional where it was timed without
+    ``confidence``."""
     env = environment(site.group, site.device)
     stored = collective_graph.settle_key(
         voting, site.key, GroupChoice(winner, decision.provisional), site.name, env, site.code
@@ -511,8 +523,17 @@ def _settled(
     if site.source is not None and source == Source.JOB:
         return site.source, winner, site.reason
     if source == Source.BENCHMARK and _persistence_on():
+        unsure = confidence is not None and not confidence.settled
         DecisionStore().save(
-            StoredDecision(site.key, env, winner, {t.name: t.max_us for t in timings})
+            StoredDecision(
+                site.key,
+                env,
+                winner,
+                {t.name: t.max_us for t in timings},
+                provisional=unsure,
+                runner_up=confidence.runner_up if unsure and confidence else "",
+                confidence=confidence.describe() if confidence else "",
+            )
         )
     return source, winner, reason
 

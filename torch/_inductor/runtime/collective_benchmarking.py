@@ -53,7 +53,7 @@ import math
 import statistics
 import time
 from datetime import timedelta
-from typing import Any, Callable, Sequence, TYPE_CHECKING
+from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 
@@ -341,6 +341,9 @@ class CollectiveBenchmarker:
         self._incidents: list[str] = []
         # Seconds the last benchmark spent in each of its steps.
         self.phases: dict[str, float] = {}
+        # The share of its runnable time this process waited for a CPU in the last
+        # benchmark's rounds, on the group's most contended rank (HostContention).
+        self.host_contention = 0.0
 
     # -- public -----------------------------------------------------------------
 
@@ -366,9 +369,10 @@ class CollectiveBenchmarker:
             marks.append(time.perf_counter())
             batches = self._prepare_batches(candidates, status, first_call_us)
             marks.append(time.perf_counter())
-            samples, skews = self._sample(candidates, batches, set(keep), first_call_us)
+            with HostContention() as contention:
+                samples, skews = self._sample(candidates, batches, set(keep), first_call_us)
             marks.append(time.perf_counter())
-            timings = self._reduce(candidates, status, batches, samples, skews)
+            timings = self._reduce(candidates, status, batches, samples, skews, contention.value)
             marks.append(time.perf_counter())
             self.phases = dict(
                 zip(
@@ -634,13 +638,15 @@ class CollectiveBenchmarker:
         batches: list[_Batch | None],
         samples: list[list[float]],
         skews: list[list[float]],
+        contention: float,
     ) -> list[ChoiceTiming]:
         quartiles = [_quartiles(s) for s in samples]
         medians = [q[1] for q in quartiles]
         skew = [statistics.median(s) if s else 0.0 for s in skews]
         n = len(candidates)
         # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank,
-        # the spread of the rendezvous' duration, and the quartiles on the slowest rank.
+        # the spread of the rendezvous' duration, the quartiles on the slowest rank, and
+        # how contended the most contended rank's host was while sampling.
         reduced = self._all_reduce_max(
             medians
             + [-t for t in medians]
@@ -648,7 +654,9 @@ class CollectiveBenchmarker:
             + [-s for s in skew]
             + [q[0] for q in quartiles]
             + [q[2] for q in quartiles]
+            + [contention]
         )
+        self.host_contention = reduced[-1]
         return [
             ChoiceTiming(
                 name=c.name,
@@ -904,6 +912,41 @@ def prune(
         mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
     )
     return live, not rest or tied
+
+
+def _schedstat_ns() -> Optional[tuple[int, int]]:
+    """Nanoseconds the calling thread (the one that runs the timed calls) has spent on
+    a CPU, and runnable but waiting for one; None where the kernel does not tell (not
+    Linux, no schedstats)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            ran, waited = f.read().split()[:2]
+        return int(ran), int(waited)
+    except (OSError, ValueError):
+        return None
+
+
+class HostContention:
+    """Measures, around a block, the share of the time the calling thread wanted a CPU
+    that it spent waiting for one (``value``; 0 where the kernel does not tell): the
+    thread that launches and times the calls, whose waits enter the samples. A share,
+    not seconds: a rank waiting in a collective is not runnable."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self._start: Optional[tuple[int, int]] = None
+
+    def __enter__(self) -> HostContention:
+        self._start = _schedstat_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = _schedstat_ns()
+        if self._start is None or end is None:
+            return
+        ran, waited = (b - a for a, b in zip(self._start, end))
+        if ran + waited > 0:
+            self.value = max(0.0, waited / (ran + waited))
 
 
 def clearly_slower(low_us: float, leader_high_us: float) -> bool:

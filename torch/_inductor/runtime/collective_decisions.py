@@ -54,10 +54,17 @@ class StoredDecision:
     winner: str
     # Slowest-rank microseconds per choice when it was measured, for the logs.
     timings_us: dict[str, float]
+    # Timed without confidence (runtime/collective_confidence): the next job to meet
+    # the key times the winner against the runner-up again, and settles or replaces it.
+    provisional: bool = False
+    runner_up: str = ""
+    # Why, for the logs (Confidence.describe).
+    confidence: str = ""
 
     def digest(self) -> str:
-        """What ranks compare: the same digest means the same decision."""
-        return digest(self.key, self.environment, self.winner)
+        """What ranks compare: the same digest means the same decision, to be taken the
+        same way (used, or timed again)."""
+        return digest(self.key, self.environment, self.winner, self.provisional, self.runner_up)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +172,15 @@ class DecisionStore:
             if data.get("format") != _FORMAT or data["key"] != key or data["environment"] != env:
                 log.debug("ignoring %s: written for another key or environment", path)
                 return None
-            return StoredDecision(key, env, str(data["winner"]), dict(data["timings_us"]))
+            return StoredDecision(
+                key,
+                env,
+                str(data["winner"]),
+                dict(data["timings_us"]),
+                bool(data.get("provisional", False)),
+                str(data.get("runner_up", "")),
+                str(data.get("confidence", "")),
+            )
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:

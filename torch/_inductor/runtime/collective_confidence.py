@@ -1,0 +1,93 @@
+"""How far a collective benchmark's readings can be trusted, and so a decision.
+
+A benchmark taken while another process loads the host reads what that moment allowed:
+on 2 gloo ranks of a 2-core machine with one busy process beside them, a choice whose
+work is spread evenly over the ranks read up to twice its quiet time, and lost to one
+that was slower by the slowest rank on a quiet machine. Such a pick must not be kept for
+good. So every benchmark says how much its readings can be trusted:
+
+* *lead*: how far the winner is ahead of the runner-up, as the samples show it: the
+  runner-up's lower quartile over the winner's upper quartile, on their slowest ranks
+  (the benchmark's own test for dropping a choice, :func:`clearly_slower`, asks 2%);
+* *spread*: the larger relative interquartile range of the two, on their slowest ranks;
+* *contention*: while the rounds ran, the share of the time the timing thread wanted a
+  CPU that it spent waiting for one, on the group's most contended rank
+  (collective_benchmarking.HostContention).
+
+A decision is *settled* when the winner is clearly ahead and the host was quiet where it
+paces the samples (eager timing: host-paced launches and CPU collectives; graph replays
+are enqueued behind a GPU sleep and do not depend on the host's timing). Otherwise it is
+*provisional*: used for the job, kept on disk as provisional, and re-timed by the next
+job that meets it (winner against runner-up only), which settles or replaces it. Every
+input is identical on every rank (one MAX all-reduce), so every rank takes the same path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+from torch._inductor.runtime.collective_benchmarking import ChoiceTiming, clearly_slower, OK
+
+# Above this share of its runnable time the timing thread of some rank spent waiting for
+# a CPU, eager readings are not trusted. Measured: 2 gloo ranks on 2 cores, quiet
+# 0.06-0.10, one busy process beside them 0.42-0.51; 4 H200s in eager mode, quiet 0.00,
+# 64 busy processes on 64 cores 0.50-0.53.
+CONTENTION_LIMIT = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Confidence:
+    """How far one decision's readings can be trusted; identical on every rank."""
+
+    # The best choice other than the winner ("" where it was the only one timed).
+    runner_up: str = ""
+    # The runner-up's lower quartile over the winner's upper quartile, less 1.
+    lead: float = math.inf
+    # The larger relative interquartile range of winner and runner-up.
+    spread: float = 0.0
+    # The share of its runnable time the timing thread spent waiting for a CPU, on the
+    # group's most contended rank.
+    contention: float = 0.0
+    settled: bool = True
+    reason: str = ""
+
+    def describe(self) -> str:
+        """One clause for the logs."""
+        if not self.runner_up:
+            return "settled: the only choice timed"
+        return (
+            f"{'settled' if self.settled else 'provisional'}: {self.reason} (lead over "
+            f"{self.runner_up} {100 * self.lead:+.1f}%, spread {100 * self.spread:.1f}%, "
+            f"host contention {self.contention:.2f})"
+        )
+
+
+def judge(
+    timings: Sequence[ChoiceTiming], winner: str, contention: float, host_paced: bool
+) -> Confidence:
+    """How far the pick of ``winner`` among ``timings`` can be trusted, given the
+    group's ``contention`` while they were timed; ``host_paced`` says whether the host's
+    timing entered the samples (eager timing)."""
+    timed = [t for t in timings if t.status == OK and math.isfinite(t.max_us)]
+    best = next((t for t in timed if t.name == winner), None)
+    others = sorted((t for t in timed if t.name != winner), key=lambda t: t.max_us)
+    if best is None or not others:
+        return Confidence(contention=contention)
+    runner_up = others[0]
+    lead = runner_up.low_us / best.high_us - 1 if best.high_us > 0 else math.inf
+    spread = max((t.high_us - t.low_us) / t.max_us for t in (best, runner_up) if t.max_us > 0)
+    loaded = host_paced and contention > CONTENTION_LIMIT
+    clear = clearly_slower(runner_up.low_us, best.high_us)
+    if loaded:
+        reason = (
+            f"the host was busy while the choices were timed (the ranks waited for a CPU "
+            f"{100 * contention:.0f}% of the time they wanted one, over "
+            f"{100 * CONTENTION_LIMIT:.0f}%)"
+        )
+    elif not clear:
+        reason = f"{winner} is not clearly ahead of {runner_up.name} (their quartiles overlap)"
+    else:
+        reason = f"{winner} is clearly ahead on a quiet host"
+    return Confidence(runner_up.name, lead, spread, contention, clear and not loaded, reason)
