@@ -221,13 +221,14 @@ def label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
     return f"{implementation}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
 
 
-def the_op_itself(op: Any, schema: set[str]) -> Callable[..., Any]:
+def the_op_itself(op: Any, schema: set[str], waits: Waits = Waits.NONE) -> Callable[..., Any]:
     """A stand-in implementation: the op's own call (never chosen; its name is no
-    implementation's), followed by a wait where the op's body returns a collective's
-    output unwaited (see :func:`check_own_implementation`)."""
+    implementation's), followed by a wait where ``waits`` says the op's body returns a
+    collective's output unwaited (:func:`own_waits`, resolved before Dynamo traces a
+    size dispatch's branches: it could not look it up)."""
+    call = waited_call(op, waits)
 
     def the_op_itself(*args: Any, **kwargs: Any) -> Any:
-        call = waited_call(op, own_waits(op))
         return call(*args, **{k: v for k, v in kwargs.items() if k in schema})
 
     return the_op_itself
@@ -467,9 +468,8 @@ class RangeWinner:
     ) -> RangeWinner:
         """The range winner ``decomposition`` (None: the op's own implementation)."""
         if decomposition is None:
-            return RangeWinner(
-                name, the_op_itself(op, schema_arguments(op)), {}, config_patches or {}, default
-            )
+            own = the_op_itself(op, schema_arguments(op), own_waits(op))
+            return RangeWinner(name, own, {}, config_patches or {}, default)
         return RangeWinner(name, dispatchable(decomposition), kwargs, config_patches or {}, default)
 
     def output_node(self) -> Any:

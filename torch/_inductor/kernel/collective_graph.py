@@ -130,16 +130,19 @@ class GroupChoice:
 
     winner: str
     # Taken without the group's agreement on merit (a rank was absent or late, ranks
-    # tuned different things): holds for this attempt only.
+    # tuned different things), or timed without confidence: holds for this attempt only.
     provisional: bool = False
+    # Provisional for want of confidence only: still a measurement, which a ladder's
+    # neighbouring ranges may interpolate between (a fallback is none).
+    unsure: bool = dataclasses.field(default=False, compare=False)
 
     def encode(self) -> str:
-        return json.dumps([self.winner, self.provisional])
+        return json.dumps([self.winner, self.provisional, self.unsure])
 
     @staticmethod
     def decode(raw: str) -> GroupChoice:
-        winner, provisional = json.loads(raw)
-        return GroupChoice(winner, provisional)
+        winner, provisional, *unsure = json.loads(raw)
+        return GroupChoice(winner, provisional, bool(unsure and unsure[0]))
 
 
 def decided(decisions: GroupDecisions, key: str) -> Optional[GroupChoice]:

@@ -232,7 +232,8 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
 
     def winner_of(range_name: str) -> Optional[str]:
         choice = collective_graph.decided(decisions, key_of(range_name))
-        return None if choice is None or choice.provisional else choice.winner
+        measured = choice is not None and (not choice.provisional or choice.unsure)
+        return choice.winner if measured else None
 
     ladder = collective_dispatch.ladder_of(site.name)
     # Every rank interpolates alike, whoever published first.
@@ -514,8 +515,14 @@ def _settled(
     a benchmarked one is stored on disk too, provisional where it was timed without
     ``confidence``."""
     env = environment(site.group, site.device)
+    unsure = confidence is not None and not confidence.settled
     stored = collective_graph.settle_key(
-        voting, site.key, GroupChoice(winner, decision.provisional), site.name, env, site.code
+        voting,
+        site.key,
+        GroupChoice(winner, decision.provisional, unsure=unsure),
+        site.name,
+        env,
+        site.code,
     )
     source, reason = decision.source, decision.reason
     if stored.winner != winner:
@@ -523,7 +530,6 @@ def _settled(
     if site.source is not None and source == Source.JOB:
         return site.source, winner, site.reason
     if source == Source.BENCHMARK and _persistence_on():
-        unsure = confidence is not None and not confidence.settled
         DecisionStore().save(
             StoredDecision(
                 site.key,
