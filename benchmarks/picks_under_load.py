@@ -69,6 +69,10 @@ def main() -> None:
             f"{'provisional' if results['after'][-1]['provisional'] else 'settled'})",
             flush=True,
         )
+        _write(args.out, results)  # after every run: a run cut short keeps what it measured
+
+
+def _write(path: str, results: dict) -> None:
     summary = {
         series: {
             "balanced": sum(j["winner"] == "balanced" for j in jobs),
@@ -81,8 +85,7 @@ def main() -> None:
     }
     results["summary"] = summary
     results["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    pathlib.Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True))
-    print(json.dumps(summary, indent=1))
+    pathlib.Path(path).write_text(json.dumps(results, indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":
