@@ -270,53 +270,36 @@ class Scenario:
         self.setup = setup
 
 
-def _static() -> tuple[Callable, list[tuple], dict]:
-    op = define_op("static", eager_sleep_us=3000)
-    register_custom_op_autotuning(
-        op,
-        configs=[
-            CustomOpConfig(double_by_mul),
-            CustomOpConfig(double_after_sleep, delay_us=2000),
-        ],
+def _registered(name: str, *configs: CustomOpConfig) -> Callable:
+    """A fresh op ``name`` (its own implementation sleeps 3 ms) tuned over ``configs``."""
+    op = define_op(name, eager_sleep_us=3000)
+    register_custom_op_autotuning(op, configs=list(configs))
+    return op
+
+
+def _double_or_sleep(name: str, *more: CustomOpConfig) -> Callable:
+    return _registered(
+        name,
+        CustomOpConfig(double_by_mul),
+        *more,
+        CustomOpConfig(double_after_sleep, delay_us=2000),
     )
 
-    def fn(x):
-        return op(x) + 1
 
-    return fn, [(torch.randn(64, 32),)], {"dynamic": False}
+def _static() -> tuple[Callable, list[tuple], dict]:
+    op = _double_or_sleep("static")
+    return (lambda x: op(x) + 1), [(torch.randn(64, 32),)], {"dynamic": False}
 
 
 def _pointwise_input() -> tuple[Callable, list[tuple], dict]:
-    op = define_op("pointwise_input", eager_sleep_us=3000)
-    register_custom_op_autotuning(
-        op,
-        configs=[
-            CustomOpConfig(double_by_mul),
-            CustomOpConfig(double_after_sleep, delay_us=2000),
-        ],
-    )
-
-    def fn(x, w):
-        return op(torch.relu(x @ w)) + 1
-
+    op = _double_or_sleep("pointwise_input")
+    fn = lambda x, w: op(torch.relu(x @ w)) + 1  # noqa: E731
     return fn, [(torch.randn(64, 16), torch.randn(16, 32))], {"dynamic": False}
 
 
 def _raises_while_traced() -> tuple[Callable, list[tuple], dict]:
-    op = define_op("raises_while_traced", eager_sleep_us=3000)
-    register_custom_op_autotuning(
-        op,
-        configs=[
-            CustomOpConfig(double_by_mul),
-            CustomOpConfig(double_needs_capability),
-            CustomOpConfig(double_after_sleep, delay_us=2000),
-        ],
-    )
-
-    def fn(x):
-        return op(x) + 1
-
-    return fn, [(torch.randn(64, 32),)], {"dynamic": False}
+    op = _double_or_sleep("raises_while_traced", CustomOpConfig(double_needs_capability))
+    return (lambda x: op(x) + 1), [(torch.randn(64, 32),)], {"dynamic": False}
 
 
 def _one_config() -> tuple[Callable, list[tuple], dict]:

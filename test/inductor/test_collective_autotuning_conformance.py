@@ -64,6 +64,22 @@ def _outcome(r: Rank, model: torch.nn.Module, x: torch.Tensor) -> dict:
     }
 
 
+def _unwaited_sum_op(name: str, group: str):
+    """A custom op whose own implementation is upstream's: a copy all-reduced in place,
+    returned without wait_tensor."""
+
+    @torch.library.custom_op(f"conformance::{name}", mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        result = x.clone()
+        return _c10d.all_reduce_(result, "sum", group)
+
+    @op.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    return op
+
+
 # -- upstream's patterns -------------------------------------------------------------------
 
 
@@ -75,14 +91,7 @@ def equivalent_strategies_body(r: Rank, tag: str) -> dict:
     group = _named_group(r, tag)
     world_size = r.world_size
 
-    @torch.library.custom_op(f"conformance::equiv_ar_{tag}", mutates_args=())
-    def equiv_ar(x: torch.Tensor) -> torch.Tensor:
-        result = x.clone()
-        return _c10d.all_reduce_(result, "sum", group)
-
-    @equiv_ar.register_fake
-    def _(x):
-        return torch.empty_like(x)
+    equiv_ar = _unwaited_sum_op(f"equiv_ar_{tag}", group)
 
     def sum_allreduce(x: torch.Tensor) -> torch.Tensor:
         result = x.clone()
@@ -114,14 +123,7 @@ def vllm_style_body(r: Rank, tag: str) -> dict:
 
     group = _named_group(r, tag)
 
-    @torch.library.custom_op(f"conformance::vllm_allreduce_{tag}", mutates_args=())
-    def vllm_allreduce(x: torch.Tensor) -> torch.Tensor:
-        result = x.clone()
-        return _c10d.all_reduce_(result, "sum", group)
-
-    @vllm_allreduce.register_fake
-    def _(x):
-        return torch.empty_like(x)
+    vllm_allreduce = _unwaited_sum_op(f"vllm_allreduce_{tag}", group)
 
     def vllm_buffer_copy_allreduce(x: torch.Tensor) -> torch.Tensor:
         original_shape = x.shape
@@ -184,14 +186,7 @@ def none_usable_body(r: Rank, tag: str) -> dict:
 
     group = _named_group(r, tag)
 
-    @torch.library.custom_op(f"conformance::none_usable_{tag}", mutates_args=())
-    def none_usable(x: torch.Tensor) -> torch.Tensor:
-        result = x.clone()
-        return _c10d.all_reduce_(result, "sum", group)
-
-    @none_usable.register_fake
-    def _(x):
-        return torch.empty_like(x)
+    none_usable = _unwaited_sum_op(f"none_usable_{tag}", group)
 
     def needs_a_capability(x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("needs a capability this machine lacks")
