@@ -14,11 +14,13 @@ good. So every benchmark says how much its readings can be trusted:
   CPU that it spent waiting for one, on the group's most contended rank
   (collective_benchmarking.HostContention).
 
-A decision is *settled* when the winner is clearly ahead and the host was quiet where it
-paces the samples (eager timing: host-paced launches and CPU collectives; graph replays
-are enqueued behind a GPU sleep and do not depend on the host's timing). Otherwise it is
-*provisional*: used for the job, kept on disk as provisional, and re-timed by the next
-job that meets it (winner against runner-up only), which settles or replaces it. Every
+A decision is *settled* when the host was quiet where it paces the samples (eager
+timing: host-paced launches and CPU collectives; graph replays are enqueued behind a GPU
+sleep and do not depend on the host's timing): a winner clearly ahead, or a near tie,
+which either choice serves as well (timing it again at every restart would cost a
+benchmark each time, and could flip between implementations whose numerics differ).
+Otherwise it is *provisional*: used for the job, kept on disk as provisional, and
+re-timed by the next job that meets it (winner against runner-up only), which settles or replaces it. Every
 input is identical on every rank (one MAX all-reduce), so every rank takes the same path.
 """
 
@@ -79,15 +81,16 @@ def judge(
     lead = runner_up.low_us / best.high_us - 1 if best.high_us > 0 else math.inf
     spread = max((t.high_us - t.low_us) / t.max_us for t in (best, runner_up) if t.max_us > 0)
     loaded = host_paced and contention > CONTENTION_LIMIT
-    clear = clearly_slower(runner_up.low_us, best.high_us)
     if loaded:
         reason = (
             f"the host was busy while the choices were timed (the ranks waited for a CPU "
             f"{100 * contention:.0f}% of the time they wanted one, over "
             f"{100 * CONTENTION_LIMIT:.0f}%)"
         )
-    elif not clear:
-        reason = f"{winner} is not clearly ahead of {runner_up.name} (their quartiles overlap)"
+    elif not clearly_slower(runner_up.low_us, best.high_us):
+        # Timing a near tie again would cost every restart a benchmark and could flip
+        # between two equally fast choices, whose numerics may differ: kept.
+        reason = f"{winner} and {runner_up.name} are a near tie on a quiet host (quartiles overlap)"
     else:
         reason = f"{winner} is clearly ahead on a quiet host"
-    return Confidence(runner_up.name, lead, spread, contention, clear and not loaded, reason)
+    return Confidence(runner_up.name, lead, spread, contention, not loaded, reason)
