@@ -927,26 +927,28 @@ def _schedstat_ns() -> Optional[tuple[int, int]]:
 
 
 class HostContention:
-    """Measures, around a block, the share of the time the calling thread wanted a CPU
-    that it spent waiting for one (``value``; 0 where the kernel does not tell): the
-    thread that launches and times the calls, whose waits enter the samples. A share,
-    not seconds: a rank waiting in a collective is not runnable."""
+    """Measures, around a block, how long the calling thread (the one that launches and
+    times the calls, whose waits enter the samples) was runnable but waiting for a CPU,
+    per second of the block (``value``; 0 where the kernel does not tell). Per second of
+    wall time, not per second it wanted a CPU: a rank timing microsecond collectives is
+    woken thousands of times a second, and each wake-up waits a little on any host."""
 
     def __init__(self) -> None:
         self.value = 0.0
-        self._start: Optional[tuple[int, int]] = None
+        self._start: Optional[tuple[int, float]] = None
 
     def __enter__(self) -> HostContention:
-        self._start = _schedstat_ns()
+        stat = _schedstat_ns()
+        self._start = None if stat is None else (stat[1], time.perf_counter())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        end = _schedstat_ns()
-        if self._start is None or end is None:
+        stat = _schedstat_ns()
+        if self._start is None or stat is None:
             return
-        ran, waited = (b - a for a, b in zip(self._start, end))
-        if ran + waited > 0:
-            self.value = max(0.0, waited / (ran + waited))
+        elapsed = time.perf_counter() - self._start[1]
+        if elapsed > 0:
+            self.value = max(0.0, (stat[1] - self._start[0]) / 1e9 / elapsed)
 
 
 def clearly_slower(low_us: float, leader_high_us: float) -> bool:

@@ -10,8 +10,8 @@ good. So every benchmark says how much its readings can be trusted:
   runner-up's lower quartile over the winner's upper quartile, on their slowest ranks
   (the benchmark's own test for dropping a choice, :func:`clearly_slower`, asks 2%);
 * *spread*: the larger relative interquartile range of the two, on their slowest ranks;
-* *contention*: while the rounds ran, the share of the time the timing thread wanted a
-  CPU that it spent waiting for one, on the group's most contended rank
+* *contention*: while the rounds ran, the seconds per second the timing thread spent
+  runnable but waiting for a CPU, on the group's most contended rank
   (collective_benchmarking.HostContention).
 
 A decision is *settled* when the host was quiet where it paces the samples (eager
@@ -32,11 +32,12 @@ from typing import Sequence
 
 from torch._inductor.runtime.collective_benchmarking import ChoiceTiming, clearly_slower, OK
 
-# Above this share of its runnable time the timing thread of some rank spent waiting for
-# a CPU, eager readings are not trusted. Measured: 2 gloo ranks on 2 cores, quiet
-# 0.06-0.10, one busy process beside them 0.42-0.51; 4 H200s in eager mode, quiet 0.00,
-# 64 busy processes on 64 cores 0.50-0.53.
-CONTENTION_LIMIT = 0.2
+# Above this many seconds per second that the timing thread of some rank spent runnable
+# but waiting for a CPU, eager readings are not trusted. Measured on 2 gloo ranks on 2
+# cores: quiet 0.01-0.02 (milliseconds of work per call) and 0.11-0.15 (microsecond
+# collectives, woken thousands of times a second; a 3-layer model's once over 0.2); one
+# busy process beside them 0.42.
+CONTENTION_LIMIT = 0.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +50,8 @@ class Confidence:
     lead: float = math.inf
     # The larger relative interquartile range of winner and runner-up.
     spread: float = 0.0
-    # The share of its runnable time the timing thread spent waiting for a CPU, on the
-    # group's most contended rank.
+    # Seconds per second the timing thread spent waiting for a CPU, on the group's most
+    # contended rank.
     contention: float = 0.0
     settled: bool = True
     reason: str = ""
@@ -83,9 +84,9 @@ def judge(
     loaded = host_paced and contention > CONTENTION_LIMIT
     if loaded:
         reason = (
-            f"the host was busy while the choices were timed (the ranks waited for a CPU "
-            f"{100 * contention:.0f}% of the time they wanted one, over "
-            f"{100 * CONTENTION_LIMIT:.0f}%)"
+            f"the host was busy while the choices were timed (a rank's timing thread "
+            f"waited for a CPU {1000 * contention:.0f} ms a second, over "
+            f"{1000 * CONTENTION_LIMIT:.0f})"
         )
     elif not clearly_slower(runner_up.low_us, best.high_us):
         # Timing a near tie again would cost every restart a benchmark and could flip
