@@ -341,8 +341,8 @@ class CollectiveBenchmarker:
         self._incidents: list[str] = []
         # Seconds the last benchmark spent in each of its steps.
         self.phases: dict[str, float] = {}
-        # The share of its runnable time this process waited for a CPU in the last
-        # benchmark's rounds, on the group's most contended rank (HostContention).
+        # Seconds per second the timing thread waited for a CPU in the last benchmark's
+        # rounds, on the group's most contended rank (HostContention).
         self.host_contention = 0.0
 
     # -- public -----------------------------------------------------------------
@@ -914,15 +914,14 @@ def prune(
     return live, not rest or tied
 
 
-def _schedstat_ns() -> Optional[tuple[int, int]]:
-    """Nanoseconds the calling thread (the one that runs the timed calls) has spent on
-    a CPU, and runnable but waiting for one; None where the kernel does not tell (not
-    Linux, no schedstats)."""
+def _run_delay_ns() -> Optional[int]:
+    """Nanoseconds the calling thread (the one that runs the timed calls) has spent
+    runnable but waiting for a CPU; None where the kernel does not tell (not Linux, no
+    schedstats)."""
     try:
         with open("/proc/thread-self/schedstat") as f:
-            ran, waited = f.read().split()[:2]
-        return int(ran), int(waited)
-    except (OSError, ValueError):
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
         return None
 
 
@@ -938,17 +937,17 @@ class HostContention:
         self._start: Optional[tuple[int, float]] = None
 
     def __enter__(self) -> HostContention:
-        stat = _schedstat_ns()
-        self._start = None if stat is None else (stat[1], time.perf_counter())
+        delay = _run_delay_ns()
+        self._start = None if delay is None else (delay, time.perf_counter())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stat = _schedstat_ns()
-        if self._start is None or stat is None:
+        delay = _run_delay_ns()
+        if self._start is None or delay is None:
             return
         elapsed = time.perf_counter() - self._start[1]
         if elapsed > 0:
-            self.value = max(0.0, (stat[1] - self._start[0]) / 1e9 / elapsed)
+            self.value = max(0.0, (delay - self._start[0]) / 1e9 / elapsed)
 
 
 def clearly_slower(low_us: float, leader_high_us: float) -> bool:
