@@ -629,40 +629,6 @@ def test_a_choice_stuck_on_one_rank_stops_every_rank_clearly():
 # -- the Store -----------------------------------------------------------------------------------------
 
 
-def store_lost_body(r: Rank, autotune: bool) -> dict:
-    alone = dist.new_group([1])  # every rank takes part in making it
-    register_two_choices()
-    store = dist.distributed_c10d._get_default_store()
-    store.add("store_lost/ready", 1)
-    if r.rank == 0:
-        while store.add("store_lost/ready", 0) < 2:
-            time.sleep(0.05)
-        os._exit(0)  # rank 0 hosts the Store: it goes with it
-    time.sleep(3.0)
-    begin = time.monotonic()
-    try:
-        with patched_timeout(), torch._inductor.config.patch(collective_autotune=autotune):
-            out = torch.compile(lambda x: ops.all_reduce(x, alone.group_name) + 1)(torch.ones(4, 4))
-        error = None
-        assert torch.equal(out, torch.full((4, 4), 2.0))
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
-        error = f"{type(e).__name__}: {e}"
-    return {"error": error, "s": time.monotonic() - begin, "participant": collective_protocol._participant is not None}
-
-
-@pytest.mark.parametrize("autotune", [True, False])
-def test_a_lost_store_fails_within_the_timeout_and_off_means_no_store_at_all(autotune):
-    _, survivor = run_ranks(2, store_lost_body, autotune, breaks_the_group=True)
-    assert survivor.ok, survivor.error
-    result = survivor.value
-    if autotune:
-        assert result["error"] is not None and "StoreLostError" in result["error"], result
-        assert "the c10d Store (127.0.0.1:" in result["error"] and "stopped answering during" in result["error"]
-        assert result["s"] < TIMEOUT_S + COMPILE_MARGIN_S
-    else:  # switched off: the op's own implementation, nothing of ours touched the Store
-        assert result["error"] is None and not result["participant"], result
-
-
 def switched_off_body(r: Rank) -> dict:
     import threading
 

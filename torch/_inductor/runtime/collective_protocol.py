@@ -63,14 +63,19 @@ Every key lives under ``collective_autotune/<attempt>/``, where the attempt name
 elastic run and its restart count (torchrun hands every attempt the same Store: what
 one attempt agreed, a fallback say, must not bind the next), then under the group's
 name: a group's traffic could move to a Store of its own without other changes. The
-protocol's Store client is a connection of its own, opened at the first session with
-``collective_benchmark_timeout`` as its deadline, so that a lost Store ends a wait within
-the timeout (the job's client waits the job's timeout, 30 minutes by default), and is
-reported as such.
+protocol's Store client is a connection of its own, opened (off the compiling thread) at
+the process's first compile that may need it, and ``collective_benchmark_timeout`` bounds
+every wait on the Store in total, connecting included: a Store that does not answer
+within it, whichever of the process's threads asked, is lost for the whole process
+(StoreLostError on every request, at once, and the Store is never tried again, in a
+later compile or at exit). The job's client waits the job's timeout, 30 minutes by
+default, and c10d's own client bounds neither connecting nor a request to a Store that
+stopped answering (StoreClient).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -78,6 +83,7 @@ import enum
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -173,20 +179,88 @@ def attempt_namespace() -> str:
 # -- the Store client --------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class _Request:
+    """One request of a StoreClient, as its thread runs it."""
+
+    call: Callable[[], Any]
+    # What the requesting thread was doing, for the error if the Store is lost.
+    phase: str
+    # Seconds the Store may take before its answer is owed: a wait's, or none.
+    owed_after: float = 0.0
+    waits: bool = False
+    # Opening the connection: it has no caller of its own, and any failure loses the Store.
+    connects: bool = False
+    started: float | None = None
+    done: bool = False
+    value: Any = None
+    error: Exception | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loss:
+    """How this process saw the Store lost: never tried again after it."""
+
+    phase: str
+    reason: str
+    at: float
+    cause: BaseException | None
+
+
+def _store_method(name: str) -> Callable[..., Any]:
+    """The c10d Store method ``name``, to be called on a connection that may not be
+    open yet (``Store.add(store, ...)``: c10d runs the connection's own)."""
+    import torch.distributed as dist
+
+    return getattr(dist.Store, name)
+
+
 class StoreClient:
     """This process's client of the job's Store for collective autotuning.
 
     Counts its requests (``requests``: a multi-key read counts once), and turns any
     failure of the Store itself into a StoreLostError naming its address and what the
-    rank was doing. Safe to share between threads: c10d serialises a client's requests.
+    rank was doing. Safe to share between threads.
+
+    c10d bounds neither connecting (a refused connection is retried for about twice
+    its timeout, plus a back-off) nor any request to a Store that stops answering
+    without closing the connection (a host stopped or cut off: the request waits for
+    its answer for ever, whatever the timeout). So the requests run on a thread of the
+    client's own, one at a time in the order they came, the connection opened (by
+    ``open_store``, with the timeout) before the first, and a caller waits at most
+    ``timeout`` seconds after the Store owed the answer of the request in progress (a
+    wait's answer is owed once its seconds passed): every caller queued behind it
+    shares that deadline, so the heartbeat and the session never each spend a
+    timeout. A Store that failed a request or missed the deadline is *lost*: every
+    request after that raises at once, naming the loss, and the Store is never tried
+    again (a request stuck in c10d stays on the client's daemon thread, which holds
+    nothing up at exit).
     """
 
-    def __init__(self, store: Store, address: str, timeout: float) -> None:
+    # How long the client's thread waits for another request before it ends: starting
+    # a thread per request would cost more than the request.
+    IDLE_S = 1.0
+
+    def __init__(
+        self,
+        store: Store | None,
+        address: str,
+        timeout: float,
+        open_store: Callable[[float], Store] | None = None,
+    ) -> None:
         self.store = store
         self.address = address
         self.timeout = timeout
         self.requests = 0
+        self.lost: _Loss | None = None
+        # Opens this client's own connection (``store`` None), given the timeout.
+        self._open_store = open_store
+        self._opening = False
         self._phase = threading.local()
+        self._changed = threading.Condition()
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._current: _Request | None = None
+        self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
     def during(self, phase: str) -> Iterator[None]:
@@ -199,22 +273,22 @@ class StoreClient:
             self._phase.value = previous
 
     def set(self, key: str, value: str) -> None:
-        self._request(self.store.set, key, value)
+        self._request(_store_method("set"), key, value)
 
     def get(self, key: str) -> bytes:
-        return self._request(self.store.get, key)
+        return self._request(_store_method("get"), key)
 
     def add(self, key: str, amount: int) -> int:
-        return self._request(self.store.add, key, amount)
+        return self._request(_store_method("add"), key, amount)
 
     def append(self, key: str, value: str) -> None:
-        self._request(self.store.append, key, value)
+        self._request(_store_method("append"), key, value)
 
     def check(self, keys: list[str]) -> bool:
-        return self._request(self.store.check, keys)
+        return self._request(_store_method("check"), keys)
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        return self._request(self.store.compare_set, key, expected, desired)
+        return self._request(_store_method("compare_set"), key, expected, desired)
 
     def get_if_set(self, key: str) -> bytes | None:
         """``key``'s value, or None where it is not set (two requests when it is)."""
@@ -223,38 +297,152 @@ class StoreClient:
     def wait(self, keys: list[str], seconds: float) -> bool:
         """True once every key of ``keys`` is set; False if ``seconds`` pass first.
         The Store answers when they are set: no polling."""
-        import torch.distributed as dist
-
         try:
-            self._request(self.store.wait, keys, timedelta(seconds=seconds))
+            self._request(_store_method("wait"), keys, timedelta(seconds=seconds))
             return True
         except StoreLostError as e:
-            # A wait that ran out raises DistStoreError; a lost Store, DistNetworkError.
-            if isinstance(e.__cause__, dist.DistStoreError) and not isinstance(
-                e.__cause__, dist.DistNetworkError
-            ):
+            if e.__cause__ is not None and _ran_out(e.__cause__):
                 return False
             raise
 
     def _request(self, fn: Callable[..., Any], *args: Any) -> Any:
-        import torch.distributed as dist
+        """``fn(store, *args)`` on the client's thread; its answer, or, where it is a
+        wait that ran out, a StoreLostError caused by c10d's DistStoreError."""
+        phase = getattr(self._phase, "value", None) or "collective autotuning"
+        waits = fn is _store_method("wait")
+        with self._changed:
+            if self.lost is not None:
+                raise self._lost_error(phase, again=True)
+            self.requests += 1
+            if self.store is None and not self._opening:
+                self._opening = True
+                self._queue.append(_Request(self._open, "connecting", connects=True))
+            request = _Request(
+                lambda: fn(self.store, *args),
+                phase,
+                owed_after=args[1].total_seconds() if waits else 0.0,
+                waits=waits,
+            )
+            self._queue.append(request)
+            if self._thread is None:
+                thread = threading.Thread(
+                    target=self._work, name="collective-autotune-store", daemon=True
+                )
+                thread.start()
+                self._thread = thread
+            self._changed.notify_all()  # a thread waiting for work takes it
+            while not request.done and self.lost is None:
+                current = self._current
+                if current is None or current.started is None:
+                    self._changed.wait()
+                    continue
+                overdue = current.started + current.owed_after + self.timeout
+                if time.monotonic() >= overdue:
+                    self._lose(
+                        current.phase,
+                        f"no answer within {self.timeout:g} s (collective_benchmark_timeout)",
+                        None,
+                    )
+                    break
+                self._changed.wait(overdue - time.monotonic())
+            if not request.done:
+                raise self._lost_error(phase, again=False)
+        if request.error is None:
+            return request.value
+        if request.waits:  # it ran out (anything else lost the Store)
+            raise StoreLostError(f"a wait during {phase} ran out") from request.error
+        raise request.error
 
-        self.requests += 1
-        try:
-            return fn(*args)
-        except dist.DistError as e:
-            phase = getattr(self._phase, "value", None) or "collective autotuning"
-            raise StoreLostError(
-                f"the c10d Store ({self.address}) stopped answering during {phase}: {describe(e)}"
-            ) from e
+    def _open(self) -> None:
+        assert self._open_store is not None
+        self.store = self._open_store(self.timeout)
+
+    def _work(self) -> None:
+        """Run the queued requests, one at a time, until none came for IDLE_S."""
+        while True:
+            with self._changed:
+                if self.lost is None and not self._queue:
+                    self._changed.wait(self.IDLE_S)
+                if self.lost is not None or not self._queue:
+                    self._thread = None
+                    return
+                request = self._queue.popleft()
+                request.started = time.monotonic()
+                self._current = request
+                self._changed.notify_all()
+            value: Any = None
+            error: Exception | None = None
+            try:
+                value = request.call()
+            except Exception as e:  # noqa: BLE001 - handed to the caller, or the Store is lost
+                error = e
+            with self._changed:
+                self._current = None
+                # After a loss what the request got no longer matters: its caller raised.
+                if self.lost is None:
+                    if error is not None and _loses_the_store(request, error):
+                        self._lose(request.phase, describe(error), error)
+                    else:
+                        request.value, request.error, request.done = value, error, True
+                self._changed.notify_all()
+
+    def _lose(self, phase: str, reason: str, cause: BaseException | None) -> None:
+        """The Store is lost (the caller holds ``_changed``): every request in flight
+        or queued raises, every later one at once."""
+        self.lost = _Loss(phase, reason, time.monotonic(), cause)
+        self._queue.clear()
+        self._changed.notify_all()
+        log.warning(
+            "collective autotuning: the c10d Store (%s) stopped answering during %s: %s; "
+            "this process does not try it again",
+            self.address,
+            phase,
+            reason,
+        )
+
+    def _lost_error(self, phase: str, again: bool) -> StoreLostError:
+        loss = self.lost
+        assert loss is not None
+        if again:
+            text = (
+                f"the c10d Store ({self.address}) stopped answering during {loss.phase} "
+                f"{time.monotonic() - loss.at:.1f} s ago: {loss.reason}; this process does not "
+                f"try it again ({phase})"
+            )
+        else:
+            seen = "" if phase == loss.phase else f" (seen during {loss.phase})"
+            text = (
+                f"the c10d Store ({self.address}) stopped answering during {phase}: "
+                f"{loss.reason}{seen}"
+            )
+        error = StoreLostError(text)
+        error.__cause__ = loss.cause
+        return error
+
+
+def _loses_the_store(request: _Request, error: Exception) -> bool:
+    """Whether ``request`` failing with ``error`` means the Store is lost: any failure
+    to connect, any c10d error but a wait that ran out (anything else is the caller's)."""
+    import torch.distributed as dist
+
+    if request.connects:
+        return True
+    return isinstance(error, dist.DistError) and not (request.waits and _ran_out(error))
+
+
+def _ran_out(error: BaseException) -> bool:
+    """Whether a c10d error is a wait that ran out (a lost Store raises DistNetworkError)."""
+    import torch.distributed as dist
+
+    return isinstance(error, dist.DistStoreError) and not isinstance(error, dist.DistNetworkError)
 
 
 def connect(timeout: float) -> StoreClient:
     """A client of this job's default Store with ``timeout`` as its deadline.
 
-    Over TCP a connection of its own (a lost Store then ends every request within the
-    timeout, not the job's Store timeout), its keys outside the job's prefixes; any
-    other Store is shared.
+    Over TCP a connection of its own, opened on the client's thread before its first
+    request (a lost Store then ends every request within the timeout, not the job's
+    Store timeout), its keys outside the job's prefixes; any other Store is shared.
     """
     import torch.distributed as dist
 
@@ -264,20 +452,17 @@ def connect(timeout: float) -> StoreClient:
         root = root.underlying_store
     if not isinstance(root, dist.TCPStore):
         return StoreClient(default, type(root).__name__, timeout)
-    address = f"{root.host}:{root.port}"
-    try:
-        own = dist.TCPStore(
-            root.host,
-            root.port,
-            is_master=False,
-            timeout=timedelta(seconds=timeout),
-            use_libuv=root.libuvBackend,
+    host, port, libuv = root.host, root.port, root.libuvBackend
+
+    def open_connection(seconds: float) -> Store:
+        # The Store was up when the job started: a refused connection means it is gone,
+        # which c10d would retry for twice the timeout.
+        socket.create_connection((host, port), timeout=seconds).close()
+        return dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=seconds), use_libuv=libuv
         )
-    except dist.DistError as e:
-        raise StoreLostError(
-            f"the c10d Store ({address}) stopped answering during connecting: {describe(e)}"
-        ) from e
-    return StoreClient(own, address, timeout)
+
+    return StoreClient(None, f"{host}:{port}", timeout, open_connection)
 
 
 # -- liveness ----------------------------------------------------------------------------
@@ -320,7 +505,8 @@ class Liveness:
         """
         with self._lock:
             self._doing.append((doing, beat))
-            if self._thread is None:
+            # A lost Store carries no beats, and is not tried again.
+            if self._thread is None and self._client.lost is None:
                 self._thread = threading.Thread(
                     target=self._beat, name="collective-autotune-heartbeat", daemon=True
                 )
@@ -403,8 +589,9 @@ _participant: Participant | None = None
 
 
 def participant(timeout: float) -> Participant:
-    """This process's Participant, connected to the job's Store at first use (and again
-    for a new default process group), its client's deadline ``timeout``."""
+    """This process's Participant, with a client of the job's Store made at first use
+    (and again for a new default process group), its client's deadline ``timeout``.
+    Never waits: the client connects on its own thread, at its first request."""
     import torch.distributed as dist
 
     global _participant
@@ -412,15 +599,14 @@ def participant(timeout: float) -> Participant:
     namespace = attempt_namespace()
     current = _participant
     if current is None or current.store is not store or current.namespace != namespace:
-        client = connect(timeout)
+        # A new attempt on the same Store keeps the connection, and a loss it saw.
+        same = current is not None and current.store is store
+        client = current.client if current is not None and same else connect(timeout)
         rank = dist.get_rank()
         current = _participant = Participant(
             client, Liveness(client, namespace, rank, _member_groups), rank, namespace, store
         )
-    elif current.client.timeout != timeout:
-        current.client.timeout = timeout
-        if current.client.store is not store:  # our own connection
-            current.client.store.set_timeout(timedelta(seconds=timeout))
+    current.client.timeout = timeout
     return current
 
 
