@@ -63,7 +63,7 @@ MINOR_TESTS := test/inductor/test_collective_autotuning_overlay.py \
 	test/inductor/test_collective_autotuning_contracts.py test/inductor/test_collective_autotuning_units.py \
 	test/inductor/test_collective_autotuning_graphs.py test/inductor/test_collective_autotuning_conformance.py \
 	test/inductor/test_collective_autotuning_noncollective.py
-MINOR_SELECT := overlay or contract or units or dynamic or split or mix or Upstream or noncollective
+MINOR_SELECT := overlay or contract or units or dynamic or split or mix or each_size_range or Upstream or noncollective
 
 test-2.13: overlay-2.13
 	$(VPY_213) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"

@@ -638,6 +638,72 @@ def break_autotune_pointwise() -> contextlib.AbstractContextManager[Any]:
 # -- the contracts ---------------------------------------------------------------------------
 
 
+# -- range graphs: guards set while lowering choose the graph ------------------------------------
+
+
+@functools.cache
+def _range_probe() -> Any:
+    """A custom op whose lowering guards its input's first size on ``<= 16`` (as
+    collective_range_graphs guards a range) and returns the input times 1 or 2 by the
+    branch it took, with what Inductor knew of the size afterwards."""
+    import sympy
+    from torch._inductor import lowering
+    from torch._inductor.virtualized import V
+
+    @torch.library.custom_op("collective_contract::range_probe", mutates_args=())
+    def range_probe(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @range_probe.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    seen: list[bool] = []
+
+    @lowering.register_lowering(torch.ops.collective_contract.range_probe.default)
+    def _lower(x: Any) -> Any:
+        size = x.get_size()[0]
+        small = V.graph.sizevars.evaluate_expr(sympy.Le(size, 16))
+        known = V.graph.sizevars.statically_known_leq(size, 16) if small else (
+            V.graph.sizevars.statically_known_gt(size, 16))
+        seen.append(known)
+        return lowering.mul(x, 1 if small else 2)
+
+    return range_probe, seen
+
+
+def check_lowering_guards_choose_the_graph() -> None:
+    """A shape guard added through V.graph.sizevars.evaluate_expr while lowering is
+    known to Inductor for the rest of the compile and becomes a guard of the Dynamo
+    frame: a size on the other side compiles again, one on the same side does not."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    probe, seen = _range_probe()
+    counter = CompileCounterWithBackend("inductor")
+    with fresh_inductor():
+        compiled = torch.compile(lambda x: probe(x.relu()) + 0, backend=counter, dynamic=True)
+        tags = []
+        for n in (8, 12, 40, 64, 3):
+            x = torch.rand(n, 4) + 0.5
+            tags.append(int(round((compiled(x) / x).max().item())))
+    if tags != [1, 1, 2, 2, 1]:
+        raise ContractBroken(f"sizes 8, 12, 40, 64, 3 ran the branches {tags}, not [1, 1, 2, 2, 1]")
+    if counter.frame_count != 2:
+        raise ContractBroken(f"{counter.frame_count} compiles for two ranges: guards set while lowering "
+                             "no longer choose the graph")
+    if seen[-2:] != [True, True]:
+        raise ContractBroken("Inductor does not know the guarded range for the rest of the compile")
+
+
+def break_lowering_guards() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.sizevars import SizeVarAllocator
+
+    # A size variable evaluated by its hint without a guard.
+    return mock.patch.object(
+        SizeVarAllocator, "evaluate_expr", lambda self, expr, *a, **k: bool(expr.subs(self.shape_env.var_to_val))
+    )
+
+
 CONTRACTS: list[Contract] = [
     # What the overlay's edits do.
     Contract("Scheduler.should_partition keeps a size dispatch inside CUDA-graph partitions",
@@ -741,6 +807,21 @@ CONTRACTS: list[Contract] = [
              without("torch._inductor.decomposition.select_decomp_table")),
     Contract("dont_skip_tracing", "collective_dispatch", has("torch._dynamo.dont_skip_tracing"),
              without("torch._dynamo.dont_skip_tracing")),
+    Contract("guards set through V.graph.sizevars while lowering choose the Dynamo frame's graph",
+             "collective_range_graphs", check_lowering_guards_choose_the_graph, break_lowering_guards),
+    Contract("what tells range graphs where a range cannot be guarded", "collective_range_graphs",
+             lambda: [has(p)() for p in (
+                 "torch._inductor.sizevars.SizeVarAllocator.statically_known_leq",
+                 "torch._inductor.sizevars.SizeVarAllocator.statically_known_gt",
+                 "torch._dynamo.config.recompile_limit", "torch._dynamo.config.error_on_recompile",
+                 "torch._dynamo.eval_frame._stance.stance", "torch._guards.TracingContext.try_get",
+                 "torch.compiler.is_exporting",
+                 "torch.fx.experimental.symbolic_shapes.free_unbacked_symbols")]
+             + [has("torch._inductor.graph.GraphLowering.__init__", "is_backward")()],
+             without("torch._dynamo.config.error_on_recompile")),
+    Contract("torch.compiler.is_dynamo_compiling (no dispatch mode while Dynamo traces)",
+             "collective_waits.with_waits", has("torch.compiler.is_dynamo_compiling"),
+             without("torch.compiler.is_dynamo_compiling")),
     Contract("the functorch bundled_autograd_cache knob", "collective_autotuning.note_registration",
              has("torch._functorch.config.bundled_autograd_cache"),
              without("torch._functorch.config.bundled_autograd_cache")),

@@ -11,6 +11,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -226,7 +227,8 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: st
     """One dynamic compile of the all-reduce (its own implementation waits ``own_ms``),
     alone or in a stack of ``layers`` layers ``x + all_reduce(relu(x @ w))``, then a call
     at each of ``rows``: which registered choices ran, compiles, the records, and how
-    many benchmark modules the ranges compiled."""
+    many benchmark modules the ranges compiled. Range graphs off: one graph, which
+    dispatches by size inside (their fallback; range graphs are tested below)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
@@ -244,14 +246,15 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: st
     dispatch_traces = counters["inductor"]["collective_autotune_dispatch_traces"]
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
-    compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
     ran = {}
-    for n in rows:
-        x = torch.randn(n, 4, device=r.device)
-        ops.ran.clear()
-        out = compiled(x)
-        ran[n] = sorted({t for t in ops.ran if t != "default"})
-        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    with torch._inductor.config.patch(collective_autotune_range_graphs=False):
+        compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
+        for n in rows:
+            x = torch.randn(n, 4, device=r.device)
+            ops.ran.clear()
+            out = compiled(x)
+            ran[n] = sorted({t for t in ops.ran if t != "default"})
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     return {
         "ran": ran,
         "frames": counter.frame_count,
@@ -321,20 +324,29 @@ def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_com
     assert a["dispatch_traces"] == b["dispatch_traces"] == 1
 
 
-def forward_and_backward_body(r: Rank) -> dict:
-    """Three layers with trainable weights, one dynamic compile: the weights' gradients at
-    sizes where each kind of winner runs, against eager."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
-
+def mixed_winner_layers(r: Rank, layers: int, trainable: bool = False) -> tuple[Any, list[torch.Tensor]]:
+    """``layers`` layers ``x + all_reduce(relu(x @ w))`` whose all-reduce's winner changes
+    twice with the token count: an inlined one (per_row_cost) up to a few rows, an opaque
+    op next, the op's own (12 ms) for the largest; the model and its weights."""
     ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
     group = r.group.group_name
-    weights = [(torch.eye(4, device=r.device) / 2).requires_grad_() for _ in range(3)]
+    weights = [(torch.eye(4, device=r.device) / 2).requires_grad_(trainable) for _ in range(layers)]
 
     def model(x):
         for w in weights:
             x = x + ops.all_reduce(torch.relu(x @ w), group, "12")
         return x
+
+    return model, weights
+
+
+def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
+    """Three layers with trainable weights, compiled dynamically: the weights' gradients at
+    sizes where each kind of winner runs, against eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+
+    model, weights = mixed_winner_layers(r, 3, trainable=True)
 
     def gradients(fn, x):
         for w in weights:
@@ -345,18 +357,27 @@ def forward_and_backward_body(r: Rank) -> dict:
     start = len(collective_autotune_records())
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
-    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+    sites = counters["inductor"]["collective_autotune_range_graph_sites"]
+    dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
+    with torch._inductor.config.patch(
+        collective_autotune_dynamic_max=256, collective_autotune_range_graphs=range_graphs
+    ):
         for n in (8, 2, 30, 100):
             x = torch.randn(n, 4, device=r.device)
             torch.testing.assert_close(gradients(compiled, x), gradients(model, x), rtol=1e-4, atol=1e-4)
-    return {"frames": counter.frame_count, "records": collective_autotune_records()[start:]}
+    return {
+        "frames": counter.frame_count,
+        "records": collective_autotune_records()[start:],
+        "range_graph_sites": counters["inductor"]["collective_autotune_range_graph_sites"] - sites,
+        "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
+    }
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_forward_and_backward_dispatch_by_size_from_one_compile(device):
     # The backward's all-reduce of the gradient is a collective-tuned site too: both
     # graphs dispatch by size, and the gradients match eager at every kind of winner.
-    a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, device=device, timeout_s=200))
+    a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, False, device=device, timeout_s=200))
     assert a["frames"] == b["frames"] == 1
     assert [(r.op, r.winner) for r in a["records"]] == [(r.op, r.winner) for r in b["records"]]
     # 3 sites in the forward graph and 3 in the backward, 5 ranges each. Each graph's
@@ -372,6 +393,23 @@ def test_forward_and_backward_dispatch_by_size_from_one_compile(device):
     assert [r.reason for r in forward[5:] + backward[5:]] == [SETTLED_IN_GRAPH] * 20
     assert not {r.key for r in forward} & {r.key for r in backward}
     assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_and_backward_range_graphs(device):
+    # Range graphs in training: a forward graph per range of the sizes called (8, 2, 30,
+    # 100: three ranges of the usual winners), each guarded by its first site; the
+    # backward (compiled at the first backward call, when no guard can be added) inlines
+    # its range's winner where the forward's guards fix it, and dispatches inside where
+    # they do not. The gradients match eager at every size either way.
+    a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, True, device=device, timeout_s=300))
+    assert [(r.op, r.winner) for r in a["records"]] == [(r.op, r.winner) for r in b["records"]]
+    forward_ladder = cells_of([r for r in a["records"][:5]])
+    assert a["frames"] == b["frames"] == len({next(i for i, (top, _) in enumerate(forward_ladder) if n <= top)
+                                              for n in (8, 2, 30, 100)})
+    assert a["range_graph_sites"] >= 3 * a["frames"]  # every forward site of every range graph
+    # Nothing was benchmarked after the first forward and backward graphs.
+    assert all(r.source != "benchmark" for r in a["records"][30:]), a["records"][30:]
 
 
 def test_a_range_keeps_the_nearest_winner_unless_another_is_clearly_faster():
@@ -448,3 +486,105 @@ def test_user_split_points_are_tuned_by_the_group_per_range(device):
     assert a["ran"] == b["ran"] == {3: ["per_row_cost"], 8: [], 50: []}
     assert a["frames"] == 1
     assert a["builds"] == b["builds"] == 2  # once each, for the three ranges
+
+
+# -- range graphs: one graph per size range, chosen by Dynamo's guards ------------------------
+
+
+def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
+    """Four layers whose all-reduce's winner changes twice along the token dimension,
+    compiled dynamically once, then called at sizes that visit every range twice: per
+    call, what compiled, what ran, and the records it made."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    model, _ = mixed_winner_layers(r, 4)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
+    dynamo = {"error_on_recompile": True} if forbid == "error_on_recompile" else {}
+    calls = []
+    with torch._inductor.config.patch(
+        collective_autotune_dynamic_max=256, collective_autotune_range_graphs=range_graphs
+    ), torch._dynamo.config.patch(dynamo):
+        # (not 1: Dynamo compiles a graph of its own for a size of 1)
+        for n in (8, 2, 30, 100, 3, 20, 8, 2, 30, 100):
+            start, frames = len(collective_autotune_records()), counter.frame_count
+            guards = counters["inductor"]["collective_autotune_range_graph_sites"]
+            dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
+            x = torch.randn(n, 4, device=r.device)
+            compiled(x)  # compiles where its range has no graph yet (and benchmarks, the first)
+            compiles = counter.frame_count - frames
+            ops.ran.clear()
+            out = compiled(x)
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+            calls.append(
+                {
+                    "n": n,
+                    "ran": sorted({t for t in ops.ran if t != "default"}),
+                    "compiled": compiles,
+                    "records": collective_autotune_records()[start:],
+                    "guarded_sites": counters["inductor"]["collective_autotune_range_graph_sites"] - guards,
+                    "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
+                }
+            )
+    return calls
+
+
+def cells_of(records) -> list[tuple[float, str]]:
+    """(top, winner) of each range where the winner changes, in size order: the cells a
+    range graph is compiled for."""
+    ranges = sorted((range_bounds(rec.op.rsplit("_range_", 1)[1]), rec.winner) for rec in records)
+    cells: list[tuple[float, str]] = []
+    for (_, high), winner in ranges:
+        if cells and cells[-1][1] == winner:
+            cells[-1] = (high, winner)
+        else:
+            cells.append((high, winner))
+    return cells
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_size_range_compiles_a_graph_of_its_own_that_benchmarks_nothing(device):
+    a, b = assert_all_ok(run_ranks(2, range_graphs_body, True, device=device, timeout_s=240))
+    # Every rank compiled the same graphs, and took the same decisions in each.
+    assert [c["compiled"] for c in a] == [c["compiled"] for c in b]
+    assert [c["records"] for c in a] == [c["records"] for c in b]
+    # The first compile tunes the ladder (five ranges) at its first site, as a group.
+    first = a[0]
+    cells = cells_of(first["records"][:5])
+    assert [w for _, w in cells] == ["per_row_cost", "opaque", "default"], cells
+    assert any(rec.source == "benchmark" for rec in first["records"])
+
+    def cell(n: int) -> int:
+        return next(i for i, (top, _) in enumerate(cells) if n <= top)
+
+    seen: set[int] = set()
+    for call in a:
+        new = cell(call["n"]) not in seen
+        seen.add(cell(call["n"]))
+        # One compile per range, at its first size; none after: Dynamo's guards choose.
+        assert call["compiled"] == int(new), (call["n"], call["compiled"])
+        # Each size runs its range's winner, and only it.
+        winner = cells[cell(call["n"])][1]
+        assert call["ran"] == ([] if winner == "default" else [winner]), call
+        if new:
+            # The first site guards the range, the later ones find it fixed: every site
+            # inlines its range's winner, no size dispatch inside the graph.
+            assert call["guarded_sites"] == 4 and call["dispatching_sites"] == 0, call
+        if new and call is not first:
+            # A later range reads the ladder's decisions: nothing benchmarked, no session round.
+            assert {rec.source for rec in call["records"]} <= {"job", "ladder"}, call["records"]
+            assert sum(rec.store_requests for rec in call["records"]) == 0, call["records"]
+    assert sum(c["compiled"] for c in a) == len(cells)
+
+
+@pytest.mark.parametrize("forbid", ["knob", "error_on_recompile"])
+def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(forbid):
+    a, b = assert_all_ok(run_ranks(2, range_graphs_body, forbid != "knob", forbid, timeout_s=240))
+    assert [c["records"] for c in a] == [c["records"] for c in b]
+    cells = cells_of(a[0]["records"][:5])
+    # One compile, whose four sites dispatch by size; every size runs its winner.
+    assert [c["compiled"] for c in a] == [1] + [0] * (len(a) - 1)
+    assert a[0]["dispatching_sites"] == 4 and a[0]["guarded_sites"] == 0
+    for call in a:
+        winner = next(w for top, w in cells if call["n"] <= top)
+        assert call["ran"] == ([] if winner == "default" else [winner]), call

@@ -19,7 +19,7 @@ import collective_ops as ops
 from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
 from test_collective_autotuning import check_agreement, one_op_body
 from test_collective_autotuning_faults import decision_files, NO_GRAPH_CACHES, writes_input_body, zeroes_body
-from test_collective_autotuning_graphs import forward_and_backward_body
+from test_collective_autotuning_graphs import forward_and_backward_body, mixed_winner_layers
 
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -35,14 +35,7 @@ def graph_mode_dispatch_body(r: Rank) -> dict:
     all-reduce's winner changes with size: an inlined one, an opaque op, the op's own."""
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
-    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
-    group = r.group.group_name
-    weights = [torch.eye(4, device=r.device) / 2 for _ in range(6)]
-
-    def model(x):
-        for w in weights:
-            x = x + ops.all_reduce(torch.relu(x @ w), group, "12")
-        return x
+    model, _ = mixed_winner_layers(r, 6)
 
     start = len(collective_autotune_records())
     skips = counters["inductor"]["cudagraph_skips"]
@@ -76,7 +69,7 @@ def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu():
 
 
 def test_forward_and_backward_dispatch_on_one_gpu():
-    (result,) = assert_all_ok(run_ranks(1, forward_and_backward_body, device="cuda", timeout_s=300))
+    (result,) = assert_all_ok(run_ranks(1, forward_and_backward_body, False, device="cuda", timeout_s=300))
     assert result["frames"] == 1 and len(result["records"]) == 30
 
 

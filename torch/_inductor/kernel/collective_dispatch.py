@@ -44,6 +44,7 @@ from torch._inductor.kernel.collective_choice_modules import (
     Stage,
 )
 from torch._inductor.kernel.collective_detection import names_a_collective
+from torch._inductor.kernel.collective_range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import describe
 
@@ -76,6 +77,10 @@ class Ladder:
 _ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = weakref.WeakKeyDictionary()
 
 
+# The ladder's upper bound of each dynamic size, per ShapeEnv (one per Dynamo frame compile).
+_ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
 def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional[Ladder]:
     """A ladder for this call of ``op`` if it is a collective op whose first input has
     a dynamic dimension; None where the op is tuned at one size."""
@@ -97,9 +102,18 @@ def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional
     if dim is None:
         return None
     settings = BenchmarkSettings.from_config()
-    bounds = V.graph.sizevars.shape_env.bound_sympy(size[dim])
-    # Unbounded (torch's int_oo) unless the program bounded the dimension.
-    upper = int(bounds.upper) if isinstance(bounds.upper, sympy.Integer) else settings.dynamic_max
+    # The bound as the frame's first site saw it: a range graph's guards (set by that
+    # site's lowering) narrow the symbol's range for the later sites and for the
+    # backward graph (which shares the forward's ShapeEnv), whose ladder must still be
+    # the frame's, whichever range it is compiled for.
+    uppers = _ladder_uppers.setdefault(V.graph.sizevars.shape_env, {})
+    if str(size[dim]) not in uppers:
+        bounds = V.graph.sizevars.shape_env.bound_sympy(size[dim])
+        # Unbounded (torch's int_oo) unless the program bounded the dimension.
+        uppers[str(size[dim])] = (
+            int(bounds.upper) if isinstance(bounds.upper, sympy.Integer) else settings.dynamic_max
+        )
+    upper = uppers[str(size[dim])]
     points = _points(settings.dynamic_ratio, upper)
     tensor_arguments = [a.name for a in op._schema.arguments if _is_tensor(a)]
     ladder = Ladder(tensor_arguments[0], dim, points, upper)
@@ -252,6 +266,20 @@ def _layout_of(node: Any) -> tuple[Any, ...]:
     return str(node.get_size()), str(node.get_stride()), node.get_dtype(), node.get_device()
 
 
+def warm_up_sizes(upper: Optional[int] = None) -> list[int]:
+    """A size in every range that the ladder of a dynamic collective op can have: its
+    tops 1, r, r², … below ``upper`` and ``upper`` itself (default
+    ``collective_autotune_dynamic_max``; pass the model's own bound where it set one).
+
+    A serving engine calls its compiled model once at each, after the first compile,
+    so that every range's graph (collective_range_graphs) is compiled before it serves:
+    every merged range holds one of these sizes. Calls at sizes of one range after the
+    first compile nothing."""
+    settings = BenchmarkSettings.from_config()
+    top = settings.dynamic_max if upper is None else upper
+    return [*_points(settings.dynamic_ratio, top), top]
+
+
 def _points(ratio: int, upper: int) -> tuple[int, ...]:
     points = []
     p = 1
@@ -299,12 +327,15 @@ def lower_size_dispatch(
     runtime_kwargs: dict[str, Any],
     tensor_inputs: Sequence[Any],
 ) -> Any:
-    """The winners of a range-based collective op, dispatched by size inside the
-    graph; None for any other op, or where one implementation won every range.
+    """The winner of a range-based collective op for the size range this graph is
+    compiled for, or its winners dispatched by size inside the graph; None for any
+    other op, or where one implementation won every range.
 
     ``impl_groups`` are upstream's RangeImplGroups: an implementation (``impl_func``,
-    ``impl_kwargs``) and the ranges it won. Three things differ from upstream's
-    dispatch, each of which broke a serving model with several layers:
+    ``impl_kwargs``) and the ranges it won. Where the graph can be compiled per range
+    (collective_range_graphs: Dynamo's guards choose the graph) the site inlines its
+    range's winner alone, with no dispatch. Elsewhere the dispatch differs from
+    upstream's in three things, each of which broke a serving model with several layers:
 
     * One comparison per branch, ``size <= top``, along the ranges in size order
       (a range merged with a non-adjacent one of the same winner is a branch of its
@@ -327,16 +358,33 @@ def lower_size_dispatch(
     if len(impl_groups) < 2 or not names_a_collective(op):
         return None
     branches = _branches(impl_groups)
-    dispatch = _traced_dispatch_of(op, branches, dim, runtime_kwargs, tensor_inputs)
-    _name_branches_by_site(dispatch, name)
-    result = inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
-    log.info(
-        "%s dispatches by size along dim %d: %s",
-        name,
-        dim,
-        ", ".join(f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches),
+    described = ", ".join(
+        f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches
     )
-    return result
+    size = tensor_inputs[0].get_size()[dim]
+    cell, how = range_of_this_graph(size, [top for top, _ in branches])
+    from torch._dynamo.utils import counters
+
+    if cell is not None:
+        counters["inductor"]["collective_autotune_range_graph_sites"] += 1
+        taken = next((top, g) for top, g in branches if cell.high <= top)
+        dispatch = _traced_dispatch_of(op, [taken], dim, runtime_kwargs, tensor_inputs)
+        log.info(
+            "%s: this graph is compiled for %s (%s), inlining %s (winners by size: %s); "
+            "a size outside fails collective autotuning's range guard, and Dynamo compiles "
+            "the graph for its range",
+            name,
+            cell,
+            how,
+            taken[1].impl_name,
+            described,
+        )
+    else:
+        counters["inductor"]["collective_autotune_size_dispatches"] += 1
+        dispatch = _traced_dispatch_of(op, branches, dim, runtime_kwargs, tensor_inputs)
+        _name_branches_by_site(dispatch, name)
+        log.info("%s dispatches by size inside the graph (%s): %s", name, how, described)
+    return inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
 
 
 def _branches(impl_groups: Sequence[Any]) -> list[tuple[float, Any]]:

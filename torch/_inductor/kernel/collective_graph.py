@@ -644,7 +644,12 @@ def settle_key(
     """
     stored = session.settled.get(key)
     if stored is None:
-        stored = GroupChoice.decode(session.decisions.publish(key, choice.encode()))
+        # What this process read or published for the key before is what the Store holds
+        # (a decision never changes): a later graph, a range graph say, asks nothing.
+        known = session.decisions.known(key)
+        stored = GroupChoice.decode(
+            known if known is not None else session.decisions.publish(key, choice.encode())
+        )
         if stored.winner != choice.winner:
             log.info(
                 "key %s: the group had decided %s already; using it instead of %s",
