@@ -17,9 +17,13 @@ model's step: µs per call of the whole compiled model, back to back, slowest ra
 every size, in each mode ("graph": ``mode="reduce-overhead"``, CUDA graphs; "eager": the
 default mode). Per mode:
 
-  * dynamic: one compile with a dynamic token dimension (``maybe_mark_dynamic``,
+  * dynamic: compiled with a dynamic token dimension (``maybe_mark_dynamic``,
     ``backed_size_oblivious``; the hidden size stays static, as in a served model),
-    tuned at a ladder of sizes and dispatching by size;
+    tuned at a ladder of sizes at the first compile; where the winners change along it,
+    one graph per merged range (kernel/collective_range_graphs.py), compiled during the
+    warm-up at the first size of each range (per size: the range that runs it, what its
+    first call compiled and cost), and no compile after; with
+    TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RANGE_GRAPHS=0, one graph dispatching by size;
   * static: the model compiled at each size alone, tuned by us (one compile per size);
   * alone: the model compiled once (dynamic) with each implementation written in
     (``one_all_reduce`` is the plain NCCL all-reduce a user would write; ``default``,
@@ -32,7 +36,8 @@ default mode). Per mode:
     Per size: its pick, and whether the tuned dynamic model is no slower than it (and
     faster where its pick is not the best single implementation).
 
-Every variant is compiled and warmed up first; then each size's step is sampled
+Every variant is compiled and warmed up first (the host's µs per call are taken too: the
+guard check and the launches, device not waited for); then each size's step is sampled
 round-robin over the variants (``ROUNDS`` samples of ``calls`` back-to-back calls each,
 median, slowest rank), so that a drift of the machine hits every variant alike. Each
 variant counts its compiles (recompiles: compiles - 1 for a dynamic variant) and
@@ -52,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -160,6 +166,15 @@ class Variant:
     compiles: int = 0
     cudagraph_skips: int = 0
     compile_s: float = 0.0
+    # Dynamic variants, per size of the warm-up: the graphs compiled at its first call
+    # (a range graph of its own), and what that first call added (seconds, slowest rank).
+    compiles_at: dict[int, int] = dataclasses.field(default_factory=dict)
+    first_call_s_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Per size: µs the host spends in one call (until it returns, device not waited for).
+    host_us: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Compiles while the steps were measured, after the warm-up (0 when every range was warm).
+    compiles_after_warm_up: int = 0
+    backends: list[CountedInductor] = dataclasses.field(default_factory=list, repr=False)
 
 
 def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, group: dist.ProcessGroup,
@@ -178,6 +193,12 @@ def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, 
             first = model_input(bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic)
             variant.compile_s += first_call_s(model, first)
         x = model_input(bench, tokens, device, dynamic)
+        if dynamic:
+            # The warm-up visits every size: a size of a range not compiled yet compiles
+            # its range graph (kernel/collective_range_graphs.py) here, never while measured.
+            before = backends[-1].compiles
+            variant.first_call_s_at[tokens] = first_call_s(model, x)
+            variant.compiles_at[tokens] = backends[-1].compiles - before
         for _ in range(3):  # in graph mode: warm-up, record, replay
             model(x)
         if check:
@@ -185,7 +206,24 @@ def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, 
         variant.models[tokens] = model
     variant.compiles = sum(b.compiles for b in backends)
     variant.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips
+    variant.backends = backends
     return variant
+
+
+def host_us(fn: Callable, x: torch.Tensor) -> float:
+    """µs the host spends in one call of ``fn`` (until it returns; the device's work
+    not waited for), median of 5, this rank: the guard check and launches per call."""
+    samples = []
+    for _ in range(5):
+        barrier(x.device)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(x)
+        samples.append((time.perf_counter() - start) * 1e6)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(samples)
 
 
 def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.device) -> None:
@@ -200,6 +238,9 @@ def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.devi
         medians = group_max([statistics.median(samples[name]) for name in variants], device)
         for name, us in zip(variants, medians):
             variants[name].step_us[tokens] = us
+        hosts = group_max([host_us(v.models[tokens], x) for v in variants.values()], device)
+        for name, us in zip(variants, hosts):
+            variants[name].host_us[tokens] = us
 
 
 def kernel_breakdown(bench: Bench, variants: dict[str, Variant], device: torch.device) -> dict[str, Any]:
@@ -267,7 +308,10 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
     variants["table"] = compile_variant(bench, mode, layers, ops.table_all_reduce, table_group,
                                         device, bench.tokens, True, False)
     table = ops.table_limits(table_group.size(), ops.device_capability(device))
+    warm = {name: sum(b.compiles for b in v.backends) for name, v in variants.items()}
     measure_steps(bench, variants, device)
+    for name, v in variants.items():
+        v.compiles_after_warm_up = sum(b.compiles for b in v.backends) - warm[name]
     breakdown = kernel_breakdown(bench, variants, device) if kernels else None
     for name, variant in variants.items():
         log(name, variant)
@@ -290,7 +334,13 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         rows.append({
             "tokens": tokens,
             "bytes": nbytes,
+            # The range graph of the dynamic model that runs this size (its ladder's merged
+            # range holding it), what compiled at its first call, and its seconds.
+            "range": range_of(ladder, tokens),
+            "compiles_at_first_call": variants["dynamic"].compiles_at[tokens],
+            "first_call_s": variants["dynamic"].first_call_s_at[tokens],
             "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
+            "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
             "best": best,
             "loss_pct": pct(dynamic, fastest),
             "vs_nccl_pct": pct(dynamic, nccl),
@@ -312,12 +362,35 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         "compiles": {k: v.compiles for k, v in variants.items()},
         "cudagraph_skips": {k: v.cudagraph_skips for k, v in variants.items()},
         "recompiles": variants["dynamic"].compiles - 1,
+        # Range graphs compile one graph per merged range of the ladder: recompiles by
+        # design, all during the warm-up; none may happen while the steps are measured.
+        "ranges": len({row["range"] for row in rows}),
+        "compiles_after_warm_up": {k: v.compiles_after_warm_up for k, v in variants.items()},
         "compile_s": {"dynamic_tuned": variants["dynamic"].compile_s, "dynamic_tuned_again": again.compile_s,
                       "dynamic_untuned": untuned.compile_s},
         "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
         "extra_compile_again_s": again.compile_s - untuned.compile_s,
         **({"kernels": breakdown} if breakdown else {}),
     })
+
+
+def range_of(ladder: list[tuple[str, str, str]], tokens: int) -> str:
+    """The merged range of the ladder (range label, winner, source) holding ``tokens``:
+    neighbouring ranges of one winner are one range graph."""
+    ranges = sorted(
+        (int(label.split("_")[0]), math.inf if label.endswith("inf") else int(label.split("_")[1]), winner)
+        for label, winner, _ in ladder
+    )
+    merged: list[list[Any]] = []
+    for low, high, winner in ranges:
+        if merged and merged[-1][2] == winner:
+            merged[-1][1] = high
+        else:
+            merged.append([low, high, winner])
+    for low, high, winner in merged:
+        if low <= tokens <= high:
+            return f"{low}-{'inf' if high == math.inf else int(high)} {winner}"
+    return "?"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -396,8 +469,15 @@ def summary(result: dict[str, Any]) -> str:
             f"  faster than the table where its pick is not the best single implementation (at "
             f"{beaten or 'no size'}): {'yes' if not table_wins else 'not at ' + str(table_wins)} "
             f"-> {verdict(not table_wins)}",
-            f"  cudagraph skips {m['cudagraph_skips']} -> {verdict(skips == 0)}; recompiles of the "
-            f"dynamic compile {m['recompiles']} -> {verdict(m['recompiles'] == 0)}",
+            f"  cudagraph skips {m['cudagraph_skips']} -> {verdict(skips == 0)}; compiles after the "
+            f"warm-up {m['compiles_after_warm_up']} -> "
+            f"{verdict(not any(m['compiles_after_warm_up'].values()))}; the dynamic model's compiles "
+            f"{m['compiles']['dynamic']} for {m['ranges']} ranges -> "
+            f"{verdict(m['compiles']['dynamic'] <= m['ranges'])}",
+            "  per size: " + "; ".join(
+                f"{r['tokens']}: {r['range']}, {r['compiles_at_first_call']} compiles "
+                f"({r['first_call_s']:.2f} s), host {r['host_us']['dynamic']:.0f} us/call"
+                for r in m["rows"]),
             f"  extra compile of the ladder (tuned {m['compile_s']['dynamic_tuned']:.2f} s - untuned "
             f"{m['compile_s']['dynamic_untuned']:.2f} s; goal <= {LADDER_GOAL_S:g} s per op): "
             f"{m['extra_compile_s']:.2f} s -> {verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}; "
