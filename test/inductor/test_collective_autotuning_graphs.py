@@ -510,6 +510,7 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
             start, frames = len(collective_autotune_records()), counter.frame_count
             guards = counters["inductor"]["collective_autotune_range_graph_sites"]
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
+            hits = counters["inductor"]["fxgraph_cache_hit"]
             x = torch.randn(n, 4, device=r.device)
             compiled(x)  # compiles where its range has no graph yet (and benchmarks, the first)
             compiles = counter.frame_count - frames
@@ -524,6 +525,7 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
                     "records": collective_autotune_records()[start:],
                     "guarded_sites": counters["inductor"]["collective_autotune_range_graph_sites"] - guards,
                     "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
+                    "fx_cache_hits": counters["inductor"]["fxgraph_cache_hit"] - hits,
                 }
             )
     return calls
@@ -575,6 +577,20 @@ def test_each_size_range_compiles_a_graph_of_its_own_that_benchmarks_nothing(dev
             assert {rec.source for rec in call["records"]} <= {"job", "ladder"}, call["records"]
             assert sum(rec.store_requests for rec in call["records"]) == 0, call["records"]
     assert sum(c["compiled"] for c in a) == len(cells)
+
+
+def test_a_warm_restart_loads_every_range_graph_from_the_caches(tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}")}
+    cold, _ = assert_all_ok(run_ranks(2, range_graphs_body, True, env=env, restarts=True, timeout_s=240))
+    warm, peer = assert_all_ok(run_ranks(2, range_graphs_body, True, env=env, restarts=True, timeout_s=240))
+    # The same range graphs, each loaded from the FX-graph cache (found by the range
+    # guards it recorded), nothing benchmarked or traced: the decisions they inline are
+    # the group's.
+    assert [c["compiled"] for c in warm] == [c["compiled"] for c in cold] == [c["compiled"] for c in peer]
+    assert [c["fx_cache_hits"] for c in warm] == [c["compiled"] for c in warm]
+    assert all(c["records"] for c in warm if c["compiled"])  # each loaded graph says what it inlines
+    assert all(rec.source == "cache" for c in warm for rec in c["records"]), [c["records"] for c in warm]
+    assert [c["ran"] for c in warm] == [c["ran"] for c in cold]
 
 
 @pytest.mark.parametrize("forbid", ["knob", "error_on_recompile"])
