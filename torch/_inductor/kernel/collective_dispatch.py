@@ -353,6 +353,7 @@ def lower_size_dispatch(
       distinct size, in which the branch taken is fixed (the overlay's edits of the
       cond lowering and of ``Scheduler.should_partition`` say so upstream).
     """
+    from torch._dynamo.utils import counters
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
 
     if len(impl_groups) < 2 or not names_a_collective(op):
@@ -363,8 +364,6 @@ def lower_size_dispatch(
     )
     size = tensor_inputs[0].get_size()[dim]
     cell, how = range_of_this_graph(size, [top for top, _ in branches])
-    from torch._dynamo.utils import counters
-
     if cell is not None:
         counters["inductor"]["collective_autotune_range_graph_sites"] += 1
         taken = next((top, g) for top, g in branches if cell.high <= top)
