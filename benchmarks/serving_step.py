@@ -81,10 +81,17 @@ from common import (  # noqa: E402
 from examples.tp_allreduce import ops  # noqa: E402
 
 
-# Goals: the dynamic model's step within these of the best static or single-implementation
-# compile at its size; no cudagraph skips, no recompiles; the ladder's extra compile.
-LOSS_GOAL_PCT = {"graph": 3.0, "eager": 5.0}
+# Goals (issue 40), in both modes: the dynamic model's step within LOSS_GOAL_PCT of the
+# best single-implementation dynamic compile at its size; never more than TABLE_SLOWER_PCT
+# slower than vLLM's table, and TABLE_BEAT_PCT faster where the table's pick loses to the
+# best single implementation by more than that; no cudagraph skips, no compile after the
+# warm-up; the ladder's extra compile; each further range's compile within RANGE_COMPILE_S
+# of the untuned compile.
+LOSS_GOAL_PCT = 2.0
+TABLE_SLOWER_PCT = 1.0
+TABLE_BEAT_PCT = 3.0
 LADDER_GOAL_S = 0.5
+RANGE_COMPILE_S = 0.2
 COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
 # Samples per size and variant, taken round-robin over the variants. With 5, two variants
 # running the same code read up to 13% apart in eager mode on 1 H200 (host-bound steps).
@@ -343,15 +350,18 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
             "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
             "best": best,
             "loss_pct": pct(dynamic, fastest),
+            # The issue's yardstick: the best model compiled once, dynamically, with one
+            # implementation written in.
+            "vs_best_single_pct": pct(dynamic, single_us[best_single]),
             "vs_nccl_pct": pct(dynamic, nccl),
             # Where another implementation beats plain NCCL by more than the noise of a step.
-            "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT[mode] / 100),
+            "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT / 100),
             "table_pick": table_pick,
             "best_single": best_single,
             # The pick's model against the best single-implementation model at this size.
             "table_pick_loss_pct": table_pick_loss,
-            # Where the table's pick loses to another implementation by more than the noise.
-            "table_beaten": table_pick_loss > LOSS_GOAL_PCT[mode],
+            # Where the table's pick loses to another implementation by more than the goal.
+            "table_beaten": table_pick_loss > TABLE_BEAT_PCT,
             "vs_table_pct": pct(dynamic, variants["table"].step_us[tokens]),
         })
     return rounded({
@@ -431,7 +441,6 @@ def summary(result: dict[str, Any]) -> str:
         f"layers x + all_reduce(relu(x @ w)), hidden {result['hidden']}, {result['dtype']}",
     ]
     for mode, m in result["modes"].items():
-        goal = LOSS_GOAL_PCT[mode]
         lines.append(f"[{mode}] ladder: {', '.join(f'{r} {w} ({s})' for r, w, s in m['ladder'])}")
         t = m["table"]
         if t["two_shot_below"] or t["symm_mem_up_to"]:
@@ -450,25 +459,36 @@ def summary(result: dict[str, Any]) -> str:
                 f"{row['vs_table_pct']:+.1f}% (picks {row['table_pick']}, "
                 f"{row['table_pick_loss_pct']:+.1f}% vs {row['best_single']})  [{steps}]"
             )
-        worst = max(m["rows"], key=lambda r: r["loss_pct"])
+        worst = max(m["rows"], key=lambda r: r["vs_best_single_pct"])
+        worst_static = max(m["rows"], key=lambda r: r["loss_pct"])
         slower = [r["tokens"] for r in m["rows"] if r["nccl_beaten"] and r["vs_nccl_pct"] >= 0]
         worst_table = max(m["rows"], key=lambda r: r["vs_table_pct"])
-        table_wins = [r["tokens"] for r in m["rows"]
-                      if r["table_beaten"] and r["vs_table_pct"] >= 0]
         beaten = [r["tokens"] for r in m["rows"] if r["table_beaten"]]
+        table_wins = [r["tokens"] for r in m["rows"]
+                      if r["table_beaten"] and r["vs_table_pct"] > -TABLE_BEAT_PCT]
         skips = sum(m["cudagraph_skips"].values())
+        untuned = m["compile_s"]["dynamic_untuned"]
+        # A range's first call that compiled its graph, past the first range.
+        range_compiles = [r for r in m["rows"] if r["compiles_at_first_call"]]
+        worst_range = max(range_compiles, key=lambda r: r["first_call_s"], default=None)
         lines += [
-            f"  step within {goal:g}% of the best static or single-implementation compile: worst "
-            f"{worst['loss_pct']:+.1f}% at {worst['tokens']} tokens "
-            f"-> {verdict(worst['loss_pct'] <= goal)}",
+            f"  step within {LOSS_GOAL_PCT:g}% of the best single-implementation dynamic compile: worst "
+            f"{worst['vs_best_single_pct']:+.1f}% at {worst['tokens']} tokens "
+            f"-> {verdict(worst['vs_best_single_pct'] <= LOSS_GOAL_PCT)} (against the best static "
+            f"compile too: worst {worst_static['loss_pct']:+.1f}% at {worst_static['tokens']} tokens)",
             f"  faster than plain NCCL wherever another implementation is: "
             f"{'yes' if not slower else 'not at ' + str(slower)} -> {verdict(not slower)}",
-            f"  no slower than the table (within {goal:g}%): worst "
+            f"  no more than {TABLE_SLOWER_PCT:g}% slower than the table: worst "
             f"{worst_table['vs_table_pct']:+.1f}% at {worst_table['tokens']} tokens "
-            f"-> {verdict(worst_table['vs_table_pct'] <= goal)}",
-            f"  faster than the table where its pick is not the best single implementation (at "
+            f"-> {verdict(worst_table['vs_table_pct'] <= TABLE_SLOWER_PCT)}",
+            f"  {TABLE_BEAT_PCT:g}% faster than the table where its pick loses by more (at "
             f"{beaten or 'no size'}): {'yes' if not table_wins else 'not at ' + str(table_wins)} "
             f"-> {verdict(not table_wins)}",
+            f"  each further range's compile within {RANGE_COMPILE_S:g} s of the untuned compile "
+            f"({untuned:.2f} s): "
+            + (f"worst {worst_range['first_call_s']:.2f} s at {worst_range['tokens']} tokens -> "
+               f"{verdict(worst_range['first_call_s'] <= untuned + RANGE_COMPILE_S)}"
+               if worst_range else "no further range"),
             f"  cudagraph skips {m['cudagraph_skips']} -> {verdict(skips == 0)}; compiles after the "
             f"warm-up {m['compiles_after_warm_up']} -> "
             f"{verdict(not any(m['compiles_after_warm_up'].values()))}; the dynamic model's compiles "

@@ -30,34 +30,40 @@ def test_one_op_is_screened_and_timed_on_one_gpu():
     assert record.mode == "eager" and record.group_ranks == (0,)
 
 
-def graph_mode_dispatch_body(r: Rank) -> dict:
+def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
     """Six layers compiled once with CUDA graphs and a dynamic token dimension, whose
-    all-reduce's winner changes with size: an inlined one, an opaque op, the op's own."""
+    all-reduce's winner changes with size (an inlined one, an opaque op, the op's own):
+    one graph per size range, or one graph dispatching by size inside."""
     from torch._inductor.kernel.collective_autotuning import collective_autotune_records
 
     model, _ = mixed_winner_layers(r, 6)
 
     start = len(collective_autotune_records())
     skips = counters["inductor"]["cudagraph_skips"]
+    dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
     compiled = torch.compile(model, mode="reduce-overhead", dynamic=True, fullgraph=True)
-    ran = {}
-    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+    ran, graphs = {}, []
+    with torch._inductor.config.patch(
+        collective_autotune_dynamic_max=256, collective_autotune_range_graphs=range_graphs
+    ):
         for n in (8, 2, 30, 100, 2, 30):
             x = torch.randn(n, 4, device=r.device)
             ops.ran.clear()
             out = compiled(x).clone()
             torch.cuda.synchronize()
             ran.setdefault(n, sorted({t for t in ops.ran if t != "default"}))
+            graphs.append(counters["stats"]["unique_graphs"])
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     return {
         "ran": ran,
+        "graphs": graphs,
         "records": collective_autotune_records()[start:],
         "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips,
+        "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
     }
 
 
-def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu():
-    (result,) = assert_all_ok(run_ranks(1, graph_mode_dispatch_body, device="cuda", timeout_s=300))
+def check_each_size_ran_its_winner(result: dict) -> None:
     assert result["cudagraph_skips"] == 0
     records = result["records"]
     assert {r.mode for r in records} == {"graph"}
@@ -66,6 +72,22 @@ def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu():
     # Under CUDA graphs only the first call of a size records (and marks): each size's
     # winner ran there.
     assert result["ran"][2] == ["per_row_cost"] and result["ran"][100] == []
+
+
+def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu():
+    (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, False, device="cuda", timeout_s=300))
+    check_each_size_ran_its_winner(result)
+    assert result["dispatching_sites"] > 0 and len(set(result["graphs"])) == 1
+
+
+def test_each_size_range_is_a_cuda_graph_tree_of_its_own_on_one_gpu():
+    (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, True, device="cuda", timeout_s=300))
+    check_each_size_ran_its_winner(result)
+    # One graph per range visited (2, 8 and 30, 100 lie in different cells), none inside
+    # dispatching, and sizes seen before compile nothing more.
+    assert result["dispatching_sites"] == 0
+    assert result["graphs"][-2:] == result["graphs"][3:4] * 2
+    assert len(set(result["graphs"])) > 1
 
 
 def test_forward_and_backward_dispatch_on_one_gpu():
