@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import math
 import statistics
 import time
@@ -92,6 +93,7 @@ TABLE_SLOWER_PCT = 1.0
 TABLE_BEAT_PCT = 3.0
 LADDER_GOAL_S = 0.5
 RANGE_COMPILE_S = 0.2
+EXIT_S = 30.0
 COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
 # Samples per size and variant, taken round-robin over the variants. With 5, two variants
 # running the same code read up to 13% apart in eager mode on 1 H200 (host-bound steps).
@@ -431,6 +433,9 @@ def run(args: argparse.Namespace) -> None:
     if rank0:
         write_json(args.out, result)
         print(summary(result), flush=True)
+    # A rank still here EXIT_S after its results (a shutdown waiting on something) prints
+    # every thread's stack and exits: a finished run is never held up, and says where.
+    faulthandler.dump_traceback_later(EXIT_S, exit=True)
     dist.destroy_process_group()
 
 
