@@ -50,12 +50,18 @@ unoverlay:
 demo: overlay
 	$(VENV)/bin/torchrun --nproc_per_node=$(NPROC) examples/tp_allreduce/demo.py
 
-# Self-spawning first, then the same file with every process a rank of torchrun
-# (cases of another world size skip there); then torch 2.13 and 2.11.
+# Under torchrun, the files whose tests run on the job's ranks (cases of another world
+# size skip there). The others (units, contracts, the overlay, ops that do not
+# communicate) use no rank: under torchrun each rank would run them again, side by
+# side, testing nothing more, for a third of the CI's time.
+RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_*.py)
+
+# torch 2.13 and 2.11; then every test self-spawning, then the rank tests with every
+# process a rank of torchrun.
 test: overlay test-2.13 test-2.11
 	$(VPY) -m pytest test -q
-	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest test -q -p no:cacheprovider
-	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest test -q -p no:cacheprovider
+	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
+	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the size
 # dispatch, upstream's test patterns on every rank, ops that do not communicate.
