@@ -17,7 +17,7 @@ VENV_211 := .venv-2.11
 VPY_211 := $(VENV_211)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test test-2.13 test-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
+.PHONY: demo test venvs test-2.13 test-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +56,13 @@ demo: overlay
 # side, testing nothing more, for a third of the CI's time.
 RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_*.py)
 
+# The three torches install side by side (a minute each, mostly unpacking wheels).
+venvs:
+	$(MAKE) -j3 $(VENV)/.installed $(VENV_213)/.installed $(VENV_211)/.installed
+
 # torch 2.13 and 2.11; then every test self-spawning, then the rank tests with every
 # process a rank of torchrun.
-test: overlay test-2.13 test-2.11
+test: venvs overlay test-2.13 test-2.11
 	$(VPY) -m pytest test -q
 	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
 	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
