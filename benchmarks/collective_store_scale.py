@@ -5,7 +5,7 @@
 
 Every simulated rank is a thread with a TCPStore client of its own, all on one real
 TCPStore server (libuv backend) in this process, and runs what one graph's compile costs
-the Store on its group (kernel/collective_graph.py), with sleeps standing in for tracing,
+the Store on its group (kernel/collective/graph_sessions.py), with sleeps standing in for tracing,
 building and benchmarking (no device collectives, no Inductor):
 
     the compile beats (Liveness.working, as Dynamo's compile callback does), then
@@ -261,7 +261,7 @@ SETTINGS = {"collective_benchmark_timeout": 30.0, "collective_benchmark_nruns": 
 
 
 def _report(key: str, decided: str) -> str:
-    """A site report of the size the real one has (kernel/collective_graph.SiteReport)."""
+    """A site report of the size the real one has (kernel/collective/graph_sessions.py:SiteReport)."""
     labels = ["default", "one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot"]
     return json.dumps(
         {"key": key, "choices": labels, "decided": decided, "stored": "", "stored_winner": "",
@@ -274,12 +274,12 @@ def compile_graph(
     sc: Scenario, stand_ins: StandIns, run: RankRun, client: Any, liveness: Any,
 ) -> None:
     """What compiling one graph costs the Store on this rank's group, in the order
-    kernel/collective_graph.py issues it."""
+    kernel/collective/graph_sessions.py issues it."""
     member = protocol.Participant(client, liveness, run.rank, NAMESPACE)
     group = _group_name(sc, run.group)
     members = list(range(run.group * sc.group_size, (run.group + 1) * sc.group_size))
     group_rank = run.rank - members[0]
-    # Dynamo's compile callback beats for the whole compile (kernel/collective_upstream_hooks).
+    # Dynamo's compile callback beats for the whole compile (kernel/collective/dynamo_callbacks.py).
     with liveness.working("compiling graph 0"):
         if run.late:
             time.sleep(sc.late_s)
@@ -296,7 +296,7 @@ def compile_graph(
         decisions = protocol.GroupDecisions(member, group, members, "scope0", sc.timeout)
         for k in range(sc.keys):
             key = f"key{k}"
-            decisions.get(key)  # collective_selection.decided_before_tracing
+            decisions.get(key)  # collective/selection.py:decided_before_tracing
             time.sleep(stand_ins.trace_s)
             # Nothing stored on disk: _vote_key builds the choices first and votes once,
             # the report (_SiteWork.report) reusing what was read (decisions.known).

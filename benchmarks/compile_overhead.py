@@ -7,7 +7,7 @@ The model is a stack of layers ``x = x + tp_demo::all_reduce(x @ w_i, WORLD)``
 (examples/tp_allreduce/ops.py), one all-reduce per layer, compiled with
 ``torch.compile(fullgraph=True, dynamic=False)``; with ``--dynamic`` the token dimension is
 dynamic instead (``maybe_mark_dynamic``, ``backed_size_oblivious``), so that the tuned
-jobs tune the op at a ladder of sizes and dispatch by size (kernel/collective_dispatch.py). ``all`` runs four torchrun jobs in
+jobs tune the op at a ladder of sizes and dispatch by size (kernel/collective/dispatch.py). ``all`` runs four torchrun jobs in
 sequence, each in fresh processes because registering an op for autotuning cannot be
 undone in a process:
 
@@ -211,7 +211,7 @@ def compile_phases() -> dict[str, float]:
 
 def record_summary(device_type: str) -> dict[str, Any]:
     """Call sites tuned in this process, how many were timed, and their winners."""
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
     records = collective_autotune_records()
     return {
@@ -515,7 +515,7 @@ def run_in_process(args: argparse.Namespace) -> None:
     its written-in winner's (cProfile, this rank's main thread), is written there, as
     text (the functions by their cumulative time) and as pstats data. A profiled compile's times are the
     profiler's: profile only to see where time goes."""
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
     from torch._inductor.utils import fresh_cache
 
     device = init_process_group(args.device)

@@ -14,7 +14,7 @@ with w1 split by columns and w2 by rows over all ranks, its all-reduce the
 ``tp_demo::all_reduce`` of benchmarks/allreduce_sweep.py (registered with
 ``one_all_reduce``, ``symm_mem_one_shot`` and ``symm_mem_two_shot`` on CUDA). Its token
 dimension is dynamic and no split points are given, so Inductor tunes the all-reduce at
-a ladder of sizes (kernel/collective_dispatch.py) and dispatches by size at run time.
+a ladder of sizes (kernel/collective/dispatch.py) and dispatches by size at run time.
 
 Per mode ("graph": ``mode="reduce-overhead"``, the tuner times CUDA graphs; "eager":
 the default mode), in fresh process groups so that no decision carries over:
@@ -61,7 +61,7 @@ common.fresh_state()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
-from torch._inductor.kernel.collective_autotuning import collective_autotune_records  # noqa: E402
+from torch._inductor.kernel.collective.hooks import collective_autotune_records  # noqa: E402
 
 import allreduce_sweep as sweep  # noqa: E402
 from common import (  # noqa: E402

@@ -20,7 +20,7 @@ default mode). Per mode:
   * dynamic: compiled with a dynamic token dimension (``maybe_mark_dynamic``,
     ``backed_size_oblivious``; the hidden size stays static, as in a served model),
     tuned at a ladder of sizes at the first compile; where the winners change along it,
-    one graph per merged range (kernel/collective_range_graphs.py), compiled during the
+    one graph per merged range (kernel/collective/range_graphs.py), compiled during the
     warm-up at the first size of each range (per size: the range that runs it, what its
     first call compiled and cost), and no compile after; with
     TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RANGE_GRAPHS=0, one graph dispatching by size;
@@ -73,7 +73,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 from torch._inductor import config as inductor_config  # noqa: E402
-from torch._inductor.kernel.collective_autotuning import collective_autotune_records  # noqa: E402
+from torch._inductor.kernel.collective.hooks import collective_autotune_records  # noqa: E402
 
 from common import (  # noqa: E402
     assert_close_sum, barrier, CountedInductor, first_call_s, group_max, header,
@@ -204,7 +204,7 @@ def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, 
         x = model_input(bench, tokens, device, dynamic)
         if dynamic:
             # The warm-up visits every size: a size of a range not compiled yet compiles
-            # its range graph (kernel/collective_range_graphs.py) here, never while measured.
+            # its range graph (kernel/collective/range_graphs.py) here, never while measured.
             before = backends[-1].compiles
             variant.first_call_s_at[tokens] = first_call_s(model, x)
             variant.compiles_at[tokens] = backends[-1].compiles - before

@@ -123,7 +123,7 @@ def replaced(path: str, value: Any) -> Callable[[], contextlib.AbstractContextMa
 
 def overlay_applied() -> bool:
     try:
-        importlib.import_module("torch._inductor.kernel.collective_autotuning")
+        importlib.import_module("torch._inductor.kernel.collective.hooks")
     except ImportError:
         return False
     return True
@@ -276,7 +276,7 @@ def check_cache_hits_pass_the_gate() -> None:
     """FxGraphCache.cache_hit_post_compile asks the collective gate about every hit,
     with the decisions the compiled graph records (CompiledFxGraph.collective_decisions)."""
     from torch._inductor import config
-    from torch._inductor.kernel import collective_graph
+    from torch._inductor.kernel.collective import hooks
 
     asked: list[Any] = []
 
@@ -285,7 +285,7 @@ def check_cache_hits_pass_the_gate() -> None:
         return True
 
     with fresh_inductor(), config.patch(fx_graph_cache=True), mock.patch.object(
-        collective_graph, "cached_graph_may_load", gate
+        hooks, "cached_graph_may_load", gate
     ):
         for _ in range(2):  # a miss, then a hit
             torch._dynamo.reset()
@@ -306,19 +306,19 @@ def break_cache_hits() -> contextlib.AbstractContextManager[Any]:
 
 def check_compiled_graphs_record_decisions() -> None:
     """CompiledFxGraph has a collective_decisions field, filled from the graph lowered."""
-    from torch._inductor.kernel import collective_graph
+    from torch._inductor.kernel.collective import hooks
     from torch._inductor.output_code import CompiledFxGraph
 
     if "collective_decisions" not in {f.name for f in dataclasses.fields(CompiledFxGraph)}:
         raise ContractBroken("CompiledFxGraph has no collective_decisions field")
     graphs: list[Any] = []
-    original = collective_graph.inlined_decisions
+    original = hooks.inlined_decisions
 
     def spy(graph: Any) -> Any:
         graphs.append(graph)
         return original(graph)
 
-    with fresh_inductor(), mock.patch.object(collective_graph, "inlined_decisions", spy):
+    with fresh_inductor(), mock.patch.object(hooks, "inlined_decisions", spy):
         torch.compile(lambda x: x.cos() * 2, fullgraph=True)(torch.randn(4))
     if not graphs:
         raise ContractBroken("a compiled graph no longer records its collective decisions")
@@ -330,9 +330,9 @@ def break_compiled_graphs() -> contextlib.AbstractContextManager[Any]:
     original = CompiledFxGraph.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        from torch._inductor.kernel import collective_graph
+        from torch._inductor.kernel.collective import hooks
 
-        with mock.patch.object(collective_graph, "inlined_decisions", lambda graph: ()):
+        with mock.patch.object(hooks, "inlined_decisions", lambda graph: ()):
             original(self, *args, **kwargs)
 
     return mock.patch.object(CompiledFxGraph, "__init__", init)
@@ -346,21 +346,21 @@ def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 
 def check_collectives_reach_the_selector() -> None:
-    """register_custom_op_autotuning notes the op (collective_autotuning.note_registration),
+    """register_custom_op_autotuning notes the op (hooks.note_registration),
     and AlgorithmSelectorCache hands a collective op to select_collective_choice."""
-    from torch._inductor.kernel import collective_autotuning
+    from torch._inductor.kernel.collective import hooks
     from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
 
     custom_op = _contract_all_reduce()
     op = torch.ops.collective_contract.all_reduce.default
     noted: list[Any] = []
     selected: list[Any] = []
-    note, select = collective_autotuning.note_registration, collective_autotuning.select_collective_choice
-    with mock.patch.object(collective_autotuning, "note_registration", lambda *a: noted.append(a) or note(*a)):
+    note, select = hooks.note_registration, hooks.select_collective_choice
+    with mock.patch.object(hooks, "note_registration", lambda *a: noted.append(a) or note(*a)):
         # torch 2.11 takes the decorated function only; later torch its OpOverload too.
         register_custom_op_autotuning(custom_op, configs=[CustomOpConfig(one_all_reduce)])
     with one_rank_group() as group, fresh_inductor(), mock.patch.object(
-        collective_autotuning, "select_collective_choice", lambda *a, **k: selected.append(a) or select(*a, **k)
+        hooks, "select_collective_choice", lambda *a, **k: selected.append(a) or select(*a, **k)
     ):
         torch.compile(lambda x: op(x, group.group_name) + 1, fullgraph=True)(torch.randn(4, 4))
     if not noted:
@@ -475,7 +475,7 @@ def _source() -> Any:
 
 def check_compile_callbacks_fire() -> None:
     """torch._dynamo.callback.callback_handler runs registered start and end callbacks
-    around a compile, and torch._dynamo.reset() drops them (collective_upstream_hooks
+    around a compile, and torch._dynamo.reset() drops them (collective/dynamo_callbacks.py
     beats while Dynamo compiles, and installs them again after a reset)."""
     from torch._dynamo.callback import callback_handler
 
@@ -587,7 +587,7 @@ def break_store_waits() -> contextlib.AbstractContextManager[Any]:
 def check_python_kernel_of_custom_ops() -> None:
     """A torch.library.custom_op keeps its Python function (OPDEFS[name]._init_fn): the
     code identity of the op's own implementation digests it."""
-    from torch._inductor.kernel.collective_choices import _python_kernel
+    from torch._inductor.kernel.collective.choices import _python_kernel
 
     @torch.library.custom_op("collective_contract::kernel", mutates_args=())
     def kernel(x: torch.Tensor) -> torch.Tensor:
@@ -644,7 +644,7 @@ def break_autotune_pointwise() -> contextlib.AbstractContextManager[Any]:
 @functools.cache
 def _range_probe() -> Any:
     """A custom op whose lowering guards its input's first size on ``<= 16`` (as
-    collective_range_graphs guards a range) and returns the input times 1 or 2 by the
+    collective/range_graphs.py guards a range) and returns the input times 1 or 2 by the
     branch it took, with what Inductor knew of the size afterwards."""
     import sympy
     from torch._inductor import lowering
@@ -707,19 +707,19 @@ def break_lowering_guards() -> contextlib.AbstractContextManager[Any]:
 CONTRACTS: list[Contract] = [
     # What the overlay's edits do.
     Contract("Scheduler.should_partition keeps a size dispatch inside CUDA-graph partitions",
-             "collective_dispatch.lower_size_dispatch", check_size_predicate_keeps_partitions,
+             "dispatch.lower_size_dispatch", check_size_predicate_keeps_partitions,
              break_partitioner, needs_overlay=True),
     Contract("the torch.cond lowering keeps CUDA graphs for a predicate over sizes",
-             "collective_dispatch.lower_size_dispatch", check_size_predicate_keeps_cudagraphs,
+             "dispatch.lower_size_dispatch", check_size_predicate_keeps_cudagraphs,
              break_cond_lowering, needs_overlay=True),
     Contract("FxGraphCache.cache_hit_post_compile asks the collective gate about every hit",
-             "collective_graph.cached_graph_may_load", check_cache_hits_pass_the_gate,
+             "graph_sessions.cached_graph_may_load", check_cache_hits_pass_the_gate,
              break_cache_hits, needs_overlay=True),
     Contract("CompiledFxGraph records the collective decisions its graph inlines",
-             "collective_graph.inlined_decisions", check_compiled_graphs_record_decisions,
+             "graph_sessions.inlined_decisions", check_compiled_graphs_record_decisions,
              break_compiled_graphs, needs_overlay=True),
     Contract("custom-op registration and selection reach collective autotuning's hooks",
-             "collective_autotuning", check_collectives_reach_the_selector, break_selector,
+             "hooks", check_collectives_reach_the_selector, break_selector,
              needs_overlay=True),
     # The diff's selector returns no node for a winner with a graph: custom_op inlines it.
     Contract("custom_op inlines a winner's graph rather than the selector's node",
@@ -728,10 +728,10 @@ CONTRACTS: list[Contract] = [
                       lambda gm, inputs, name: None),
              needs_overlay=True),
     Contract("ShapeEnv.error_on_new_guards refuses guards (backported to 2.11)",
-             "collective_choice_modules.compiled_module", check_guards_are_refused,
+             "choice_modules.compiled_module", check_guards_are_refused,
              replaced("torch.fx.experimental.symbolic_shapes.ShapeEnv._check_frozen", lambda *a: None)),
     # Upstream internals used as they are.
-    Contract("Dynamo runs registered compile callbacks", "collective_upstream_hooks",
+    Contract("Dynamo runs registered compile callbacks", "collective/dynamo_callbacks.py",
              check_compile_callbacks_fire, break_compile_callbacks),
     Contract("a process group's timeout can be read and set", "collective_benchmarking",
              check_group_timeout_is_reachable, break_group_timeout),
@@ -739,19 +739,19 @@ CONTRACTS: list[Contract] = [
              check_group_registry, break_group_registry),
     Contract("Store primitives behave as the protocol needs", "collective_protocol",
              check_store_primitives, break_store_waits),
-    Contract("custom ops keep their Python function", "collective_choices.code_identity",
+    Contract("custom ops keep their Python function", "choices.code_identity",
              check_python_kernel_of_custom_ops, without("torch._library.custom_ops.OPDEFS")),
     Contract("SubgraphChoiceCaller compiles or only lowers a choice for benchmarking",
-             "collective_choice_modules",
+             "collective/choice_modules.py",
              has("torch._inductor.codegen.subgraph.SubgraphChoiceCaller._compile_for_benchmarking",
                  "lower_only"),
              without("torch._inductor.codegen.subgraph.SubgraphChoiceCaller._compile_for_benchmarking"),
              needs_overlay=True),
     Contract("inline_subgraph_to_ir_nodes(gm, inputs, name) inlines a traced graph",
-             "collective_dispatch",
+             "collective/dispatch.py",
              has("torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes", "gm", "inputs", "name"),
              without("torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes")),
-    Contract("_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)", "collective_dispatch",
+    Contract("_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)", "collective/dispatch.py",
              has("torch._inductor.kernel.custom_op._merge_config_and_runtime_kwargs",
                  "config_params", "runtime_kwargs"),
              without("torch._inductor.kernel.custom_op._merge_config_and_runtime_kwargs")),
@@ -761,30 +761,30 @@ CONTRACTS: list[Contract] = [
                  "default_impl", "name", "op_overload", "input_gen_fns", "tensor_name", "dim_index",
                  "ranges", "tensor_inputs", "runtime_kwargs", "range_upper_bound"),
              without("torch._inductor.kernel.custom_op._range_based_lowering_fn")),
-    Contract("RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges", "collective_dispatch",
+    Contract("RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges", "collective/dispatch.py",
              has("torch._inductor.kernel.custom_op.RangeImplGroup.impl_func"),
              without("torch._inductor.kernel.custom_op.RangeImplGroup.impl_func")),
-    Contract("CustomOpConfig keeps decomposition and params", "collective_choices.register",
+    Contract("CustomOpConfig keeps decomposition and params", "choices.register",
              lambda: _config_fields(), without("torch._inductor.kernel.custom_op.CustomOpConfig.__init__")),
     Contract("ExternKernelChoice(kernel, name=, has_out_variant=, op_overload=, use_fallback_kernel=)",
-             "collective_choices.complete_default_choice",
+             "choices.complete_default_choice",
              has("torch._inductor.select_algorithm.ExternKernelChoice", "kernel", "name", "has_out_variant",
                  "op_overload", "use_fallback_kernel"),
              without("torch._inductor.select_algorithm.ExternKernelChoice")),
-    Contract("ir_node_to_tensor and gm_original_output_strides", "collective_choice_modules",
+    Contract("ir_node_to_tensor and gm_original_output_strides", "collective/choice_modules.py",
              lambda: [has(f"torch._inductor.ir.{n}")() for n in ("ir_node_to_tensor", "gm_original_output_strides")],
              without("torch._inductor.ir.gm_original_output_strides")),
-    Contract("IR classes the neighbours and the dispatch recognise", "collective_choice_modules",
+    Contract("IR classes the neighbours and the dispatch recognise", "collective/choice_modules.py",
              lambda: [has(f"torch._inductor.ir.{n}")() for n in
                       ("TensorBox", "StorageBox", "ComputedBuffer", "Pointwise", "ShapeAsConstantBuffer")],
              without("torch._inductor.ir.Pointwise")),
-    Contract("fallback_handler(op, add_to_fallback_set=)", "collective_dispatch.lowered_once",
+    Contract("fallback_handler(op, add_to_fallback_set=)", "dispatch.lowered_once",
              has("torch._inductor.lowering.fallback_handler", "add_to_fallback_set"),
              without("torch._inductor.lowering.fallback_handler")),
     Contract("config.triton.autotune_pointwise=False leaves a pointwise kernel one config",
-             "collective_timing.build", check_one_pointwise_config_without_autotuning,
+             "timing.build", check_one_pointwise_config_without_autotuning,
              break_autotune_pointwise, needs_cuda=True),
-    Contract("no_python_dispatcher", "collective_selection",
+    Contract("no_python_dispatcher", "collective/selection.py",
              has("torch._dispatch.python.no_python_dispatcher"),
              without("torch._dispatch.python.no_python_dispatcher")),
     Contract("write_atomic(path, content, make_dirs=)", "collective_decisions",
@@ -792,24 +792,24 @@ CONTRACTS: list[Contract] = [
              without("torch._inductor.codecache.write_atomic")),
     Contract("cache_dir()", "collective_decisions", has("torch._inductor.runtime.cache_dir_utils.cache_dir"),
              without("torch._inductor.runtime.cache_dir_utils.cache_dir")),
-    Contract("clear_on_fresh_cache registers what fresh_cache clears", "collective_records",
+    Contract("clear_on_fresh_cache registers what fresh_cache clears", "collective/records.py",
              has("torch._inductor.utils.clear_on_fresh_cache"), without("torch._inductor.utils.clear_on_fresh_cache")),
-    Contract("dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=)", "collective_autotuning",
+    Contract("dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=)", "hooks",
              has("torch._dynamo.utils.dynamo_timed", "key", "log_pt2_compile_event", "dynamo_compile_column_us"),
              without("torch._dynamo.utils.dynamo_timed")),
-    Contract("trace_structured(name, metadata_fn=, payload_fn=)", "collective_autotuning",
+    Contract("trace_structured(name, metadata_fn=, payload_fn=)", "hooks",
              has("torch._logging.trace_structured", "name", "metadata_fn", "payload_fn"),
              without("torch._logging.trace_structured")),
     Contract("make_fx(fn, decomposition_table=, tracing_mode=) and select_decomp_table",
-             "collective_choice_modules",
+             "collective/choice_modules.py",
              lambda: [has("torch.fx.experimental.proxy_tensor.make_fx", "f", "decomposition_table",
                           "tracing_mode")(), has("torch._inductor.decomposition.select_decomp_table")()],
              without("torch._inductor.decomposition.select_decomp_table")),
-    Contract("dont_skip_tracing", "collective_dispatch", has("torch._dynamo.dont_skip_tracing"),
+    Contract("dont_skip_tracing", "collective/dispatch.py", has("torch._dynamo.dont_skip_tracing"),
              without("torch._dynamo.dont_skip_tracing")),
     Contract("guards set through V.graph.sizevars while lowering choose the Dynamo frame's graph",
-             "collective_range_graphs", check_lowering_guards_choose_the_graph, break_lowering_guards),
-    Contract("what tells range graphs where a range cannot be guarded", "collective_range_graphs",
+             "collective/range_graphs.py", check_lowering_guards_choose_the_graph, break_lowering_guards),
+    Contract("what tells range graphs where a range cannot be guarded", "collective/range_graphs.py",
              lambda: [has(p)() for p in (
                  "torch._inductor.sizevars.SizeVarAllocator.statically_known_leq",
                  "torch._inductor.sizevars.SizeVarAllocator.statically_known_gt",
@@ -820,15 +820,15 @@ CONTRACTS: list[Contract] = [
              + [has("torch._inductor.graph.GraphLowering.__init__", "is_backward")()],
              without("torch._dynamo.config.error_on_recompile")),
     Contract("torch.compiler.is_dynamo_compiling (no dispatch mode while Dynamo traces)",
-             "collective_waits.with_waits", has("torch.compiler.is_dynamo_compiling"),
+             "waits.with_waits", has("torch.compiler.is_dynamo_compiling"),
              without("torch.compiler.is_dynamo_compiling")),
-    Contract("the functorch bundled_autograd_cache knob", "collective_autotuning.note_registration",
+    Contract("the functorch bundled_autograd_cache knob", "hooks.note_registration",
              has("torch._functorch.config.bundled_autograd_cache"),
              without("torch._functorch.config.bundled_autograd_cache")),
     Contract("torch.cuda._sleep (GPU sleeps before a graph round)", "collective_benchmarking",
              has("torch.cuda._sleep"), without("torch.cuda._sleep"), needs_cuda=True),
     Contract("symmetric memory's empty, rendezvous (and enable_symm_mem_for_group where present)",
-             "collective_timing._move_to_symmetric_memory",
+             "timing._move_to_symmetric_memory",
              lambda: [has(f"torch.distributed._symmetric_memory.{n}")() for n in ("empty", "rendezvous")],
              without("torch.distributed._symmetric_memory.rendezvous"), needs_cuda=True),
 ]

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
 
 @dataclasses.dataclass

@@ -191,7 +191,7 @@ def test_the_pick_compares_slowest_ranks():
     # A pure function of the group's timings (identical on every rank): the choice
     # fastest on its fastest rank, and on average, loses to the one fastest on its
     # slowest rank.
-    from torch._inductor.kernel.collective_timing import pick
+    from torch._inductor.kernel.collective.timing import pick
     from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 
     timings = [ChoiceTiming("uneven", 12_000.0, 1_000.0, 1, "ok"), ChoiceTiming("even", 6_000.0, 5_500.0, 1, "ok")]
@@ -304,7 +304,7 @@ def test_group_of_one_rank_is_timed_without_waiting_for_peers():
 
 
 def test_without_torch_distributed_detection_warns_once_and_declines(caplog):
-    from torch._inductor.kernel.collective_autotuning import detect_collective
+    from torch._inductor.kernel.collective.hooks import detect_collective
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if under_torchrun():
@@ -318,7 +318,7 @@ def test_without_torch_distributed_detection_warns_once_and_declines(caplog):
 
     choice = Choice()
     choice.gm = gm
-    with caplog.at_level(logging.WARNING, logger="torch._inductor.kernel.collective_autotuning"):
+    with caplog.at_level(logging.WARNING, logger="torch._inductor.kernel.collective.hooks"):
         for _ in range(3):
             assert detect_collective("all_reduce_autotuned", [choice], torch.ops.cat_test.all_reduce.default, [{}]) == (False, None)
     warnings = [r for r in caplog.records if "not initialised" in r.getMessage()]
@@ -483,7 +483,7 @@ def test_switch_off_variable_sets_the_knob():
 def labelled_body(r: Rank) -> str:
     import logging
 
-    from torch._inductor.kernel.collective_autotuning import format_record
+    from torch._inductor.kernel.collective.hooks import format_record
     from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
 
     def chunked(x, group_name, delay_ms="0", chunks=2):
@@ -500,7 +500,7 @@ def labelled_body(r: Rank) -> str:
         ],
     )
     group = r.group.group_name
-    logger = logging.getLogger("torch._inductor.kernel.collective_autotuning")
+    logger = logging.getLogger("torch._inductor.kernel.collective.hooks")
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda rec: lines.append(rec.getMessage())  # type: ignore[method-assign]

@@ -25,7 +25,7 @@ from torch.testing._internal.common_utils import (
 )
 
 from collective_harness import assert_all_ok, DEVICES, Rank, run_ranks
-from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
 _c10d = torch.ops._c10d_functional
 DEVICE_NAMES = [d if isinstance(d, str) else d.values[0] for d in DEVICES]

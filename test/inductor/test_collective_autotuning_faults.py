@@ -20,7 +20,7 @@ import unittest.mock
 import pytest
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+from torch._inductor.kernel.collective.hooks import collective_autotune_records
 from torch._inductor.runtime import collective_protocol
 
 import collective_ops as ops

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.collective_graph import SETTLED_IN_GRAPH
+from torch._inductor.kernel.collective.graph_sessions import SETTLED_IN_GRAPH
 
 import collective_ops as ops
 from collective_harness import assert_all_ok, compile_and_check, DEVICES, Rank, run_ranks
@@ -231,7 +231,7 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: st
     dispatches by size inside (their fallback; range graphs are tested below)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
     group = r.group.group_name
     weights = [torch.eye(4, device=r.device) / 2 for _ in range(layers)]
@@ -344,7 +344,7 @@ def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
     """Three layers with trainable weights, compiled dynamically: the weights' gradients at
     sizes where each kind of winner runs, against eager."""
     from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
     model, weights = mixed_winner_layers(r, 3, trainable=True)
 
@@ -414,7 +414,7 @@ def test_forward_and_backward_range_graphs(device):
 
 def test_a_range_keeps_the_nearest_winner_unless_another_is_clearly_faster():
     # The pick itself: a pure function of the group's timings (identical on every rank).
-    from torch._inductor.kernel.collective_timing import pick
+    from torch._inductor.kernel.collective.timing import pick
     from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 
     names = ["one_shot", "two_shot", "default"]
@@ -496,7 +496,7 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
     compiled dynamically once, then called at sizes that visit every range twice: per
     call, what compiled, what ran, and the records it made."""
     from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective_autotuning import collective_autotune_records
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
     model, _ = mixed_winner_layers(r, 4)
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("torch._inductor.kernel", "torch._inductor.runtime")
+PACKAGES = ("torch._inductor.kernel.collective", "torch._inductor.runtime")
 
 
 def _modules() -> dict[str, Path]:
@@ -20,7 +20,8 @@ def _modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
         folder = REPO.joinpath(*package.split("."))
-        for path in sorted(folder.glob("collective_*.py")):
+        pattern = "collective_*.py" if package.endswith("runtime") else "[!_]*.py"
+        for path in sorted(folder.glob(pattern)):
             found[f"{package}.{path.stem}"] = path
     return found
 
@@ -82,8 +83,8 @@ def find_circle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_graph_is_read():
     graph = import_graph()
-    glue = "torch._inductor.kernel.collective_autotuning"
-    assert "torch._inductor.kernel.collective_selection" in graph[glue]
+    glue = "torch._inductor.kernel.collective.hooks"
+    assert "torch._inductor.kernel.collective.selection" in graph[glue]
     assert "torch._inductor.runtime.collective_protocol" in graph[
         "torch._inductor.runtime.collective_benchmarking"
     ]  # a relative import

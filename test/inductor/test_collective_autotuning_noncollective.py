@@ -77,7 +77,7 @@ _UNREALIZED = NamedFix(
     ),
     overlay_fix=(
         "prepare_choices realizes the op's inputs before its choices are traced "
-        "(kernel/collective_autotuning.py)"
+        "(kernel/collective/hooks.py)"
     ),
     pristine_error="NotImplementedError",
     winner="double_by_mul",
@@ -91,7 +91,7 @@ _RAISES = NamedFix(
     overlay_fix=(
         "guarded_implementation traces it as the op itself and marks it; "
         "detect_collective drops it with a warning, the other choices are tuned "
-        "(kernel/collective_choices.py, kernel/collective_autotuning.py)"
+        "(kernel/collective/choices.py, kernel/collective/hooks.py)"
     ),
     pristine_error="NotImplementedError",
     winner="double_by_mul",

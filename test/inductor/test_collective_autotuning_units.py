@@ -17,14 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torch._inductor.kernel.collective_choices import code_identity, unwaited_collective
-from torch._inductor.kernel.collective_dispatch import (
+from torch._inductor.kernel.collective.choices import code_identity, unwaited_collective
+from torch._inductor.kernel.collective.dispatch import (
     _bisection_order,
     _branches,
     interpolated,
     tie_reference,
 )
-from torch._inductor.kernel.collective_graph import (
+from torch._inductor.kernel.collective.graph_sessions import (
     _decide_graph,
     _differing_settings,
     _failures,
@@ -227,7 +227,7 @@ def _targets(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output():
-    from torch._inductor.kernel.collective_waits import with_waits
+    from torch._inductor.kernel.collective.waits import with_waits
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fc = torch.ops._c10d_functional
@@ -254,7 +254,7 @@ def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_outpu
 
 
 def test_an_implementation_that_waits_is_traced_as_written():
-    from torch._inductor.kernel.collective_waits import with_waits
+    from torch._inductor.kernel.collective.waits import with_waits
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fc = torch.ops._c10d_functional

@@ -8,14 +8,14 @@ PCIe), whether NVLink multicast (NVLS) is enabled, backend, and the torch and NC
 versions. A decision measured elsewhere therefore never matches. Every rank keeps its
 own files (ranks of a host usually share them); a decision read from disk is used
 only when every rank of the group read the identical entry, which the group checks in
-one vote (see collective_graph), and otherwise the group tunes afresh.
+one vote (see collective/graph_sessions.py), and otherwise the group tunes afresh.
 
 A file that cannot be read, does not parse, or belongs to another key or environment
 is a miss, never an error. Files are written atomically (codecache.write_atomic), so a
 reader never sees half an entry. A key covers the code identity of every choice
-(kernel/collective_choices.code_identity), so a changed implementation is a miss; and
+(kernel/collective/choices.py:code_identity), so a changed implementation is a miss; and
 a stored winner is screened against the op's own implementation again before a
-restart uses it (kernel/collective_graph), so an edited file cannot make a wrong
+restart uses it (kernel/collective/graph_sessions.py), so an edited file cannot make a wrong
 choice run. To forget every decision, delete the ``collective_autotuning`` folder of
 the cache dir; ``collective_autotune_persist=False`` neither reads nor writes them, and
 ``collective_autotune_retune=True`` ignores what is there and overwrites it with fresh
@@ -80,7 +80,7 @@ class InlinedDecision:
     op: str
     environment: dict[str, Any]
     # The code identity of each implementation the key covers, by qualified name
-    # (kernel/collective_choices): a graph inlining code since changed is a miss.
+    # (kernel/collective/choices.py): a graph inlining code since changed is a miss.
     code: dict[str, str]
     # Taken without the group's agreement on merit (a rank was absent): never loaded
     # by another job attempt.

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import sympy
 import torch
-from torch._inductor.kernel.collective_choice_modules import (
+from torch._inductor.kernel.collective.choice_modules import (
     COMPILE,
     compiled_module,
     implementation_of,
@@ -43,8 +43,8 @@ from torch._inductor.kernel.collective_choice_modules import (
     Neighbours,
     Stage,
 )
-from torch._inductor.kernel.collective_detection import names_a_collective
-from torch._inductor.kernel.collective_range_graphs import range_of_this_graph
+from torch._inductor.kernel.collective.detection import names_a_collective
+from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import describe
 
@@ -272,7 +272,7 @@ def warm_up_sizes(upper: Optional[int] = None) -> list[int]:
     ``collective_autotune_dynamic_max``; pass the model's own bound where it set one).
 
     A serving engine calls its compiled model once at each, after the first compile,
-    so that every range's graph (collective_range_graphs) is compiled before it serves:
+    so that every range's graph (collective/range_graphs.py) is compiled before it serves:
     every merged range holds one of these sizes. Calls at sizes of one range after the
     first compile nothing."""
     settings = BenchmarkSettings.from_config()
@@ -333,7 +333,7 @@ def lower_size_dispatch(
 
     ``impl_groups`` are upstream's RangeImplGroups: an implementation (``impl_func``,
     ``impl_kwargs``) and the ranges it won. Where the graph can be compiled per range
-    (collective_range_graphs: Dynamo's guards choose the graph) the site inlines its
+    (collective/range_graphs.py: Dynamo's guards choose the graph) the site inlines its
     range's winner alone, with no dispatch. Elsewhere the dispatch differs from
     upstream's in three things, each of which broke a serving model with several layers:
 

@@ -8,9 +8,9 @@ earlier site of the graph settled (nothing is traced for them), and
 (a read of the Store, no waiting), or whether a range of a dynamic op takes the winner
 of its neighbouring sizes: then only the winner is traced. After, :func:`decide_site`
 takes the group's decision for the key from the graph's session
-(kernel/collective_graph.py): a decision made earlier in the job, one every rank stored
+(kernel/collective/graph_sessions.py): a decision made earlier in the job, one every rank stored
 on disk and screened again (runtime/collective_decisions.py), or a benchmark of the
-choices in lockstep on every rank of the group (kernel/collective_timing.py), and
+choices in lockstep on every rank of the group (kernel/collective/timing.py), and
 returns this rank's record of it.
 """
 
@@ -23,33 +23,33 @@ from typing import Any, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
-from torch._inductor.kernel import collective_dispatch, collective_graph
-from torch._inductor.kernel.collective_choice_modules import Neighbours
-from torch._inductor.kernel.collective_choices import (
+from torch._inductor.kernel.collective import dispatch, graph_sessions
+from torch._inductor.kernel.collective.choice_modules import Neighbours
+from torch._inductor.kernel.collective.choices import (
     choice_label,
     DEFAULT,
     identities,
     trace_failure,
     writes_into_input,
 )
-from torch._inductor.kernel.collective_detection import (
+from torch._inductor.kernel.collective.detection import (
     GROUP_ARGUMENTS,
     names_a_collective,
     resolve_group,
 )
-from torch._inductor.kernel.collective_graph import (
+from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
     GroupSession,
     SiteDecision,
     SiteReport,
 )
-from torch._inductor.kernel.collective_records import (
+from torch._inductor.kernel.collective.records import (
     Action,
     CollectiveAutotuneRecord,
     site_key,
     Source,
 )
-from torch._inductor.kernel.collective_timing import (
+from torch._inductor.kernel.collective.timing import (
     benchmark,
     BenchmarkInputs,
     build,
@@ -96,7 +96,7 @@ class CallSite:
     source: Optional[Source] = None
     reason: str = ""
     # A ladder range's: the winner it keeps unless another is clearly faster, and the
-    # top size of the range that winner won (collective_dispatch.tie_reference).
+    # top size of the range that winner won (dispatch.tie_reference).
     nearest: Optional[tuple[str, str]] = None
     # The tensor inputs the op declares it writes into (by position).
     mutable: tuple[int, ...] = ()
@@ -175,10 +175,10 @@ def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
     settled the key on every rank alike, and using it asks nothing of the group, exactly
     as :func:`decide_site` would.
     """
-    session = collective_graph.joined_session(site.group)
+    session = graph_sessions.joined_session(site.group)
     if (
         session is None
-        or not collective_dispatch.is_range(site.name)
+        or not dispatch.is_range(site.name)
         or site.key not in session.settled
     ):
         return None
@@ -186,7 +186,7 @@ def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
 
     counters["inductor"]["collective_autotune_sites"] += 1
     started = time.monotonic()
-    choice = collective_graph.settle_key(
+    choice = graph_sessions.settle_key(
         session,
         site.key,
         session.settled[site.key],
@@ -200,7 +200,7 @@ def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
         SiteDecision(
             Action.USE,
             (choice.winner,),
-            collective_graph.SETTLED_IN_GRAPH,
+            graph_sessions.SETTLED_IN_GRAPH,
             Source.JOB,
             choice.provisional,
         ),
@@ -214,10 +214,10 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
     """The group's decision for ``site``'s key if it is known already (decided in this
     graph, or published in the Store: a read, no waiting), or a ladder range's
     interpolation between decided neighbours (published for the group)."""
-    session = collective_graph.joined_session(site.group)
+    session = graph_sessions.joined_session(site.group)
     if session is not None and site.key in session.settled:
         return session.settled[site.key].winner
-    decisions = collective_graph.group_decisions(site.group, site.settings.timeout)
+    decisions = graph_sessions.group_decisions(site.group, site.settings.timeout)
 
     def key_of(range_name: str) -> str:
         return site_key(
@@ -231,13 +231,13 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
         )
 
     def winner_of(range_name: str) -> Optional[str]:
-        choice = collective_graph.decided(decisions, key_of(range_name))
+        choice = graph_sessions.decided(decisions, key_of(range_name))
         measured = choice is not None and (not choice.provisional or choice.unsure)
         return choice.winner if measured else None
 
-    ladder = collective_dispatch.ladder_of(site.name)
+    ladder = dispatch.ladder_of(site.name)
     # Every rank interpolates alike, whoever published first.
-    between = collective_dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
+    between = dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
     if between is not None:
         _prepared_sites()[site.name] = dataclasses.replace(
             site, source=Source.LADDER, reason=between[1]
@@ -246,9 +246,9 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
         return GroupChoice.decode(published).winner
     _prepared_sites()[site.name] = dataclasses.replace(
         site,
-        nearest=collective_dispatch.tie_reference(ladder, site.name, winner_of) if ladder else None,
+        nearest=dispatch.tie_reference(ladder, site.name, winner_of) if ladder else None,
     )
-    choice = collective_graph.decided(decisions, site.key)
+    choice = graph_sessions.decided(decisions, site.key)
     return None if choice is None else choice.winner
 
 
@@ -316,9 +316,9 @@ def decide_site(
     counters["inductor"]["collective_autotune_sites"] += 1
     member = participant(site.settings.timeout)
     waited_before, requests_before = member.waited_s, member.client.requests
-    session = collective_graph.session_for(process_group, site.settings)
+    session = graph_sessions.session_for(process_group, site.settings)
     work = _SiteWork(site, by_label, choices, inputs)
-    decision, voting = collective_graph.agree_key(
+    decision, voting = graph_sessions.agree_key(
         session,
         site.key,
         lambda: work.report(session),
@@ -516,7 +516,7 @@ def _settled(
     ``confidence``."""
     env = environment(site.group, site.device)
     unsure = confidence is not None and not confidence.settled
-    stored = collective_graph.settle_key(
+    stored = graph_sessions.settle_key(
         voting,
         site.key,
         GroupChoice(winner, decision.provisional, unsure=unsure),

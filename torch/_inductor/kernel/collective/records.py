@@ -21,7 +21,7 @@ from torch._inductor.runtime.collective_confidence import Confidence
 from torch._inductor.runtime.collective_decisions import digest
 
 if TYPE_CHECKING:
-    from torch._inductor.kernel.collective_choice_modules import Neighbours
+    from torch._inductor.kernel.collective.choice_modules import Neighbours
 
 
 class Action(str, enum.Enum):
@@ -103,7 +103,7 @@ class CollectiveAutotuneRecord:
     winner: str
     # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager",
     # and the pointwise neighbours each choice was timed with ("producer+consumer",
-    # "none"; collective_choice_modules).
+    # "none"; collective/choice_modules.py).
     mode: str = ""
     timed_with: str = ""
     # A decision taken without the group's agreement on merit (a rank was absent or
@@ -168,7 +168,7 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
         lines.append(f"  confidence: {record.confidence.describe()}")
     if record.timings:
         width = max(len(t.name) for t in record.timings)
-        # The quartiles are what "clearly faster" compares (collective_timing.pick).
+        # The quartiles are what "clearly faster" compares (collective/timing.py:pick).
         lines.append(
             f"  {'choice':<{width}}  {'slowest rank us':>15}  {'its quartiles us':>17}  "
             f"{'fastest rank us':>15}  {'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"

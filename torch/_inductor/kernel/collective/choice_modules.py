@@ -16,14 +16,14 @@ subgraph (Inductor fuses them as it will in the model), eagerly around the op's 
 implementation (as the model runs an opaque op). The stand-in is a negation, which
 costs what a pointwise neighbour costs and keeps a linear collective's result (the
 correctness screen compares the choices' outputs as they are). What a site is fused
-with is part of its key. The ranges of a dynamic op (kernel/collective_dispatch.py) are
+with is part of its key. The ranges of a dynamic op (kernel/collective/dispatch.py) are
 timed with their call site's neighbours too: where one implementation wins every range
 there is no dispatch, and it runs fused as timed. (Where winners differ, the size
 dispatch is a fusion barrier: an inlined winner there pays the pass it was timed without.)
 
 :func:`module_for_benchmark` compiles a choice with its neighbours at its inputs' sizes;
 :func:`compiled_module` compiles a choice's implementation, with its neighbours or
-traced on symbolic sizes for every range of a dynamic op (collective_dispatch).
+traced on symbolic sizes for every range of a dynamic op (collective/dispatch.py).
 """
 
 from __future__ import annotations

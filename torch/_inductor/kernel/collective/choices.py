@@ -22,8 +22,8 @@ import types
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel.collective_detection import op_name
-from torch._inductor.kernel.collective_waits import (
+from torch._inductor.kernel.collective.detection import op_name
+from torch._inductor.kernel.collective.waits import (
     OwnImplementation,
     Waits,
     dispatchable,
@@ -240,7 +240,7 @@ def check_own_implementation(
     """What the op's own implementation, called on ``inputs`` (the IR nodes of the call
     being lowered), does with functional collectives: on which groups, and whether it
     leaves one's output unwaited (then every call of it is followed by a wait); raises
-    where it reads one inside (see collective_waits.trace_own_implementation)."""
+    where it reads one inside (see collective/waits.py:trace_own_implementation)."""
     body = _python_kernel(op_name(op))
     if body is None:
         return OwnImplementation()
@@ -256,7 +256,7 @@ def own_waits(op: Any) -> Waits:
 
 def guarded_implementation(decomposition: Callable[..., Any], op: Any) -> Callable[..., Any]:
     """``decomposition``, waiting for the functional collectives it did not wait for
-    (collective_waits.with_waits), and traced as the op itself where it raises while
+    (collective/waits.py:with_waits), and traced as the op itself where it raises while
     traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
     from torch.fx.experimental import symbolic_shapes
 

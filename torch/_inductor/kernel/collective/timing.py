@@ -1,6 +1,6 @@
 """Timing a key's choices on this rank, in lockstep with its group, and the winner.
 
-Once the group agreed to benchmark a key (kernel/collective_graph.py), each rank
+Once the group agreed to benchmark a key (kernel/collective/graph_sessions.py), each rank
 compiles its choices (:func:`build`: with the call site's pointwise neighbours, or for
 any size where the key is a range of a dynamic op), makes the benchmark inputs as
 Inductor makes them (in symmetric memory where a choice needs it), and hands one runner
@@ -19,16 +19,16 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor import config
-from torch._inductor.kernel import collective_dispatch
-from torch._inductor.kernel.collective_choice_modules import (
+from torch._inductor.kernel.collective import dispatch
+from torch._inductor.kernel.collective.choice_modules import (
     eager_module,
     LOWER,
     module_for_benchmark,
     Neighbours,
     START,
 )
-from torch._inductor.kernel.collective_choices import DEFAULT, needs_symmetric_memory, own_waits
-from torch._inductor.kernel.collective_waits import waited_call
+from torch._inductor.kernel.collective.choices import DEFAULT, needs_symmetric_memory, own_waits
+from torch._inductor.kernel.collective.waits import waited_call
 from torch._inductor.runtime.collective_protocol import describe
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
@@ -129,8 +129,8 @@ def _start(
     if choice._compiled_module is not None:  # type: ignore[attr-defined]
         return lambda: None
     compile_choice = (
-        collective_dispatch.benchmark_module
-        if collective_dispatch.is_range(name)
+        dispatch.benchmark_module
+        if dispatch.is_range(name)
         else module_for_benchmark
     )
     if device.type != "cuda":  # lowered, and timed as traced (see eager_module)

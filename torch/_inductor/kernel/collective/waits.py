@@ -27,7 +27,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 import torch
-from torch._inductor.kernel.collective_detection import op_name
+from torch._inductor.kernel.collective.detection import op_name
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 

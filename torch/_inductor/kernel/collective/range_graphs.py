@@ -1,7 +1,7 @@
 """Range graphs: one compiled graph per size range, chosen by Dynamo's guard check.
 
 Where the winners of a collective op of dynamic size change along the dimension (the
-ladder of collective_dispatch found several), a size dispatch inside the graph costs at
+ladder of collective/dispatch.py found several), a size dispatch inside the graph costs at
 every call: ``torch.cond`` is a fusion barrier (each branch copies its operand, and the
 producer's pointwise kernel no longer fuses into the collective's input) and, without
 CUDA graphs, each layer's dispatch is host work. Instead the lowering *guards* on the

@@ -33,10 +33,10 @@ import weakref
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel import collective_upstream_hooks
-from torch._inductor.kernel.collective_choices import current_identity, is_registered_collective
-from torch._inductor.kernel.collective_detection import GROUP_ARGUMENTS, op_name
-from torch._inductor.kernel.collective_records import (
+from torch._inductor.kernel.collective import dynamo_callbacks
+from torch._inductor.kernel.collective.choices import current_identity, is_registered_collective
+from torch._inductor.kernel.collective.detection import GROUP_ARGUMENTS, op_name
+from torch._inductor.kernel.collective.records import (
     Action,
     cleared_with_inductor_caches,
     CollectiveAutotuneRecord,
@@ -708,7 +708,7 @@ def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
         return False
     from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 
-    collective_upstream_hooks.install(compiling=True)
+    dynamo_callbacks.install(compiling=True)
     settings = BenchmarkSettings.from_config()
     sites: dict[tuple[str, str], list[InlinedDecision]] = {}
     for decision in decisions:

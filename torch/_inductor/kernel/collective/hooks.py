@@ -5,17 +5,17 @@
 implementations, then calls :func:`detect_collective` to learn whether the op's
 choices communicate and over which process group; ``AlgorithmSelectorCache`` hands
 such ops to :func:`select_collective_choice`. That takes the group's decision for the
-call site's key from the graph's session (kernel/collective_graph.py): a decision made
+call site's key from the graph's session (kernel/collective/graph_sessions.py): a decision made
 earlier in the job, one every rank stored on disk (runtime/collective_decisions.py),
 or a benchmark of the choices in lockstep on every rank of the group
 (runtime/collective_benchmarking.py).
 
 This module only wires those hooks to the modules that do the work, below it:
-detection of collectives and their groups (collective_detection), the choices' names
-and code (collective_choices), one site's decision (collective_selection, timed by
-collective_timing), the graph's sessions (collective_graph), dynamic sizes
-(collective_dispatch), the records and their table (collective_records), and what is
-installed into upstream at run time (collective_upstream_hooks). Each decision is timed
+detection of collectives and their groups (collective/detection.py), the choices' names
+and code (collective/choices.py), one site's decision (collective/selection.py, timed by
+collective/timing.py), the graph's sessions (collective/graph_sessions.py), dynamic sizes
+(collective/dispatch.py), the records and their table (collective/records.py), and what is
+installed into upstream at run time (collective/dynamo_callbacks.py). Each decision is timed
 in Inductor's compile metrics (``dynamo_timed``, in ``compile_time_autotune_time_us``)
 and kept as a ``collective_autotuning`` artifact for tlparse (``TORCH_TRACE``).
 
@@ -34,13 +34,9 @@ import logging
 from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel import (
-    collective_dispatch,
-    collective_selection,
-    collective_upstream_hooks,
-)
-from torch._inductor.kernel.collective_choice_modules import neighbours_of_site
-from torch._inductor.kernel.collective_choices import (
+from torch._inductor.kernel.collective import dispatch, dynamo_callbacks, selection
+from torch._inductor.kernel.collective.choice_modules import neighbours_of_site
+from torch._inductor.kernel.collective.choices import (
     check_own_implementation,
     choice_label,
     complete_default_choice,
@@ -54,7 +50,7 @@ from torch._inductor.kernel.collective_choices import (
     the_op_itself,
     trace_failure,
 )
-from torch._inductor.kernel.collective_detection import (
+from torch._inductor.kernel.collective.detection import (
     collective_calls,
     covering_group,
     group_arguments,
@@ -63,14 +59,24 @@ from torch._inductor.kernel.collective_detection import (
     op_name,
     resolve_group,
 )
-from torch._inductor.kernel.collective_records import (
+from torch._inductor.kernel.collective.dispatch import (
+    dynamic_ladder,
+    lower_size_dispatch,
+    lowered_once,  # torch 2.11's lowering registry
+)
+from torch._inductor.kernel.collective.graph_sessions import (
+    cached_graph_may_load,
+    inlined_decisions,
+)
+from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
     CollectiveAutotuneRecord,
     format_record,
     keep_record,
 )
-from torch._inductor.kernel.collective_timing import BenchmarkInputs
-from torch._inductor.kernel.collective_waits import Waits, wait_for_output
+from torch._inductor.kernel.collective.timing import BenchmarkInputs
+from torch._inductor.kernel.collective.waits import Waits, wait_for_output
+from torch._inductor.runtime.collective_decisions import InlinedDecision
 from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
 
 if TYPE_CHECKING:
@@ -79,13 +85,20 @@ if TYPE_CHECKING:
     from torch._inductor.ir import ChoiceCaller
 
 
-# The hooks upstream's patched files call, and what users read of the decisions.
+# The hooks upstream's patched files call (the only names they import from collective
+# autotuning), and what users read of the decisions.
 __all__ = [
     "CollectiveAutotuneRecord",
+    "InlinedDecision",
+    "cached_graph_may_load",
     "collective_autotune_records",
     "collective_output_node",
     "detect_collective",
+    "dynamic_ladder",
     "format_record",
+    "inlined_decisions",
+    "lower_size_dispatch",
+    "lowered_once",
     "note_registration",
     "prepare_choices",
     "select_collective_choice",
@@ -104,7 +117,7 @@ def note_registration(op: Any, configs: Sequence[Any] = ()) -> None:
     register(op, configs, collective)
     if not collective:
         return
-    collective_upstream_hooks.install(compiling=False)
+    dynamo_callbacks.install(compiling=False)
     if functorch_config.bundled_autograd_cache:
         _warn_once(
             "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "
@@ -156,7 +169,7 @@ def prepare_choices(
     labels = [
         label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)
     ]
-    site = collective_selection.prepare_site(
+    site = selection.prepare_site(
         name,
         labels,
         decompositions,
@@ -168,8 +181,8 @@ def prepare_choices(
         neighbours,
     )
     if site is not None:
-        collective_upstream_hooks.install(compiling=True)
-    settled = collective_selection.settled_range(site) if site is not None else None
+        dynamo_callbacks.install(compiling=True)
+    settled = selection.settled_range(site) if site is not None else None
     if settled is not None:
         _keep(settled)
         i = labels.index(settled.winner) if settled.winner in labels else None  # None: the op's own
@@ -186,7 +199,7 @@ def prepare_choices(
             ),
         )
     keep = list(range(len(decompositions)))
-    winner = collective_selection.decided_before_tracing(site) if site is not None else None
+    winner = selection.decided_before_tracing(site) if site is not None else None
     traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
         keep = [i for i, candidate in enumerate(labels) if i == 0 or candidate == winner]
@@ -215,7 +228,7 @@ def detect_collective(
     Returns ``(False, None)``, with one warning, where collective tuning cannot
     apply because torch.distributed is not initialised. For a collective op, also
     makes the op's own implementation a complete choice (see
-    collective_choices.complete_default_choice); ``name`` is the op's autotuning name.
+    choices.complete_default_choice); ``name`` is the op's autotuning name.
     An op tuned the regular way loses the choices whose implementation raised while
     traced.
     """
@@ -294,7 +307,7 @@ def select_collective_choice(
         log_pt2_compile_event=True,
         dynamo_compile_column_us="compile_time_autotune_time_us",
     ):
-        record, by_label = collective_selection.decide_site(
+        record, by_label = selection.decide_site(
             name,
             choices,
             BenchmarkInputs(selector, input_nodes, layout, input_gen_fns),
@@ -308,7 +321,7 @@ def select_collective_choice(
 def collective_output_node(choice: ChoiceCaller) -> Any:
     """The lowered call of ``choice``, the group's pick that is not inlined: the op's
     own implementation is followed by a wait where its body returns a collective's
-    output unwaited (collective_choices.check_own_implementation)."""
+    output unwaited (choices.check_own_implementation)."""
     node = choice.output_node()
     op = getattr(getattr(choice, "choice", None), "op_overload", None)
     if op is not None and own_waits(op) is Waits.OUTPUT:
@@ -328,7 +341,7 @@ def _finish(
             f"which this rank does not have; its choices: {list(by_label)}"
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
-    if collective_dispatch.is_range(record.op):
+    if dispatch.is_range(record.op):
         return RangeWinner.of(choice, by_label[DEFAULT])
     return choice
 
