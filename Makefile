@@ -54,7 +54,7 @@ demo: overlay
 # size skip there). The others (units, contracts, the overlay, ops that do not
 # communicate) use no rank: under torchrun each rank would run them again, side by
 # side, testing nothing more, for a third of the CI's time.
-RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_*.py)
+RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_collective_op_tuning*.py)
 
 # The three torches install side by side (a minute each, mostly unpacking wheels).
 venvs:
@@ -70,9 +70,9 @@ test: venvs overlay test-2.13 test-2.11
 # What the older minors run: the overlay's round trip, the upstream contracts, the size
 # dispatch, upstream's test patterns on every rank, ops that do not communicate.
 MINOR_TESTS := test/inductor/test_collective_autotuning_overlay.py \
-	test/inductor/test_collective_autotuning_contracts.py test/inductor/test_collective_autotuning_units.py \
-	test/inductor/test_collective_autotuning_graphs.py test/inductor/test_collective_autotuning_conformance.py \
-	test/inductor/test_collective_autotuning_noncollective.py
+	test/inductor/test_collective_op_tuning_contracts.py test/inductor/test_collective_op_tuning_units.py \
+	test/inductor/test_collective_op_tuning_graphs.py test/inductor/test_collective_op_tuning_conformance.py \
+	test/inductor/test_collective_op_tuning_noncollective.py
 MINOR_SELECT := overlay or contract or units or dynamic or split or mix or each_size_range or Upstream or noncollective
 
 test-2.13: overlay-2.13

@@ -2,7 +2,7 @@
 
     python benchmarks/picks_under_load.py --runs 10 --out benchmarks/results/picks_under_load_gloo2.json
 
-The op of test/inductor/test_collective_autotuning_confidence.py: "balanced" does 10
+The op of test/inductor/test_collective_op_tuning_confidence.py: "balanced" does 10
 units of CPU work on every rank, "skewed" none on rank 0 and 15 on rank 1, the op's own
 25 everywhere. Three series of fresh jobs, each on a cache directory of its own:
 
@@ -29,7 +29,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "test" / "inductor"), str(REPO)]
 
-from test_collective_autotuning_confidence import busy_host, one_job  # noqa: E402
+from test_collective_op_tuning_confidence import busy_host, one_job  # noqa: E402
 
 
 def _job(root: pathlib.Path) -> dict:

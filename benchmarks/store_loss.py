@@ -3,7 +3,7 @@
     python benchmarks/store_loss.py --timeout 30 --out benchmarks/results/store_loss_gloo2.json
 
 Two gloo ranks and a Store hosted by a process of its own, as torchrun's agent hosts
-it (test/inductor/test_collective_autotuning_store_loss.py): the Store's host is killed
+it (test/inductor/test_collective_op_tuning_store_loss.py): the Store's host is killed
 (or stopped: a host that keeps its connections open and never answers), then both ranks
 compile a tuned collective op. Per rank: seconds from the compile's start to the
 StoreLostError, and from the error to the process's exit (after a second compile, which
@@ -23,7 +23,7 @@ import tempfile
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "test" / "inductor"), str(REPO)]
 
-import test_collective_autotuning_store_loss as scenario  # noqa: E402
+import test_collective_op_tuning_store_loss as scenario  # noqa: E402
 
 
 def main() -> None:

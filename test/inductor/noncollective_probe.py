@@ -1,6 +1,6 @@
 """Compile non-collective custom ops registered for autotuning; report what Inductor did.
 
-Run as a script, by ``test_collective_autotuning_noncollective.py``::
+Run as a script, by ``test_collective_op_tuning_noncollective.py``::
 
     python noncollective_probe.py SCENARIO[,SCENARIO...] [--pristine]
 

@@ -17,9 +17,9 @@ from torch._dynamo.utils import counters
 
 import collective_ops as ops
 from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
-from test_collective_autotuning import check_agreement, one_op_body
-from test_collective_autotuning_faults import decision_files, NO_GRAPH_CACHES, writes_input_body, zeroes_body
-from test_collective_autotuning_graphs import forward_and_backward_body, mixed_winner_layers
+from test_collective_op_tuning import check_agreement, one_op_body
+from test_collective_op_tuning_faults import decision_files, NO_GRAPH_CACHES, writes_input_body, zeroes_body
+from test_collective_op_tuning_graphs import forward_and_backward_body, mixed_winner_layers
 
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
