@@ -8,6 +8,14 @@
 
 Either way the test receives every rank's result and asserts on all of them.
 Also here: the small helpers that test bodies share.
+
+Why not upstream's ``MultiProcessTestCase``: it always spawns (or forks) its own
+processes from the test process and builds the group in each, so under ``torchrun``
+every rank of the job would spawn a world of its own, and a test could never run on
+the job's real ranks (its rendezvous, its Store, torchrun's environment), which is
+what ``make test`` checks with 2 and 4 ranks. ``run_ranks`` runs the same body either
+way, from the test methods of ordinary ``TestCase`` classes; skips are raised as
+``unittest.SkipTest``, which both ``run_tests()`` and pytest report as skips.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
+import unittest
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Optional
 
@@ -33,6 +42,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch.testing._internal.common_utils import subtest
 
 
 @dataclasses.dataclass
@@ -93,16 +103,16 @@ def run_ranks(
     as TORCH_TRACE or a config knob, or nothing of ours run before the body).
     """
     if device == "cuda" and torch.cuda.device_count() < world_size:
-        pytest.skip(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
+        raise unittest.SkipTest(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
     if breaks_the_group and under_torchrun():
-        pytest.skip("ends the job by design; runs self-spawned only")
+        raise unittest.SkipTest("ends the job by design; runs self-spawned only")
     if restarts and under_torchrun():
-        pytest.skip("restarts the job: needs fresh processes; runs self-spawned only")
+        raise unittest.SkipTest("restarts the job: needs fresh processes; runs self-spawned only")
     if fresh_processes and under_torchrun():
-        pytest.skip("needs processes that start with its environment; runs self-spawned only")
+        raise unittest.SkipTest("needs processes that start with its environment; runs self-spawned only")
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
-            pytest.skip(f"needs WORLD_SIZE={world_size}")
+            raise unittest.SkipTest(f"needs WORLD_SIZE={world_size}")
     cache_dir = os.path.join(tempfile.mkdtemp(prefix="collective_test_"), "{rank}")
     env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir, **(env or {})}
     if under_torchrun():
@@ -322,6 +332,11 @@ def _free_port() -> int:
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+# The same, for ``common_utils.parametrize`` in TestCase classes.
+DEVICE_CASES = [
+    "cpu",
+    subtest("cuda", decorators=[unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")]),
 ]
 
 

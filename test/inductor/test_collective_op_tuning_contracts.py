@@ -4,26 +4,42 @@ fails once its assumption is broken as a change upstream would break it."""
 from __future__ import annotations
 
 import re
+import unittest
 
-import pytest
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
 
 from collective_contracts import ContractBroken, CONTRACTS, not_checkable
 from collective_harness import under_torchrun
 
 
-pytestmark = pytest.mark.skipif(under_torchrun(), reason="one process's own torch: runs self-spawned only")
+def case_name(contract) -> str:
+    """The contract's name as a test name: words only (unittest splits names on ".")."""
+    return re.sub(r"\W+", "_", contract.name).strip("_")
 
 
-@pytest.mark.parametrize("contract", CONTRACTS, ids=[c.name for c in CONTRACTS])
-def test_the_contract_holds(contract):
-    if why := not_checkable(contract):
-        pytest.skip(why)
-    contract.verify()
-
-
-@pytest.mark.parametrize("contract", CONTRACTS, ids=[c.name for c in CONTRACTS])
-def test_the_contract_fails_once_upstream_breaks_it(contract):
-    if why := not_checkable(contract):
-        pytest.skip(why)
-    with contract.breaks(), pytest.raises(ContractBroken, match=re.escape(contract.name)):
+@unittest.skipIf(under_torchrun(), "one process's own torch: runs self-spawned only")
+class TestUpstreamContracts(TestCase):
+    @parametrize("contract", CONTRACTS, name_fn=case_name)
+    def test_the_contract_holds(self, contract):
+        if why := not_checkable(contract):
+            self.skipTest(why)
         contract.verify()
+
+    @parametrize("contract", CONTRACTS, name_fn=case_name)
+    def test_the_contract_fails_once_upstream_breaks_it(self, contract):
+        if why := not_checkable(contract):
+            self.skipTest(why)
+        with contract.breaks(), self.assertRaisesRegex(ContractBroken, re.escape(contract.name)):
+            contract.verify()
+
+
+instantiate_parametrized_tests(TestUpstreamContracts)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from torch.testing._internal.common_utils import run_tests, TestCase
+
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch._inductor.kernel.collective", "torch._inductor.runtime")
@@ -81,18 +83,21 @@ def find_circle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_the_graph_is_read():
-    graph = import_graph()
-    glue = "torch._inductor.kernel.collective.hooks"
-    assert "torch._inductor.kernel.collective.selection" in graph[glue]
-    assert "torch._inductor.runtime.collective_protocol" in graph[
-        "torch._inductor.runtime.collective_benchmarking"
-    ]  # a relative import
+class TestCollectiveImportLayering(TestCase):
+    def test_the_graph_is_read(self):
+        graph = import_graph()
+        glue = "torch._inductor.kernel.collective.hooks"
+        assert "torch._inductor.kernel.collective.selection" in graph[glue]
+        assert "torch._inductor.runtime.collective_protocol" in graph[
+            "torch._inductor.runtime.collective_benchmarking"
+        ]  # a relative import
+
+    def test_collective_modules_import_one_way(self):
+        assert find_circle(import_graph()) == []
+
+    def test_a_circle_is_found(self):
+        assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
 
 
-def test_collective_modules_import_one_way():
-    assert find_circle(import_graph()) == []
-
-
-def test_a_circle_is_found():
-    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+if __name__ == "__main__":
+    run_tests()
