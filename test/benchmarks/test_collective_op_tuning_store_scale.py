@@ -10,19 +10,16 @@ repository's file there, else the repository's file under a private name. Self-c
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import unittest
 from pathlib import Path
 
-import pytest
-
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 import collective_store_scale as bench  # benchmarks/ (pyproject's pythonpath)
 
-pytestmark = pytest.mark.skipif(
-    "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ,
-    reason="simulates its ranks in one process: runs self-spawned only",
-)
 
 # The goals of issue 33.
 KEY_REQUESTS_GOAL = 10
@@ -32,53 +29,62 @@ WAITING_REQUESTS_PER_S_GOAL = 2.0
 KEY_REQUESTS_NOW = 6.25
 
 
-def test_protocol_is_the_repositorys_file() -> None:
-    assert Path(bench.protocol.__file__).resolve() == bench.PROTOCOL_FILE.resolve()
-    installed = sys.modules.get(bench.PROTOCOL_MODULE)
-    if installed is not None and Path(installed.__file__).resolve() == bench.PROTOCOL_FILE:
-        # The overlay is applied: one module, shared with Inductor's code.
-        assert bench.protocol is installed
-
-
-@pytest.fixture(scope="module")
-def on_time() -> dict:
+@functools.cache
+def on_time_scenario() -> dict:
+    """The on-time scenario, run once for the tests that read it."""
     # timeout 30 s (the default): a vote's wait ends within its first slice of 3.75 s.
     result = bench.run_scenario(bench.Scenario("on_time", 16, 8, timeout=30.0), bench.StandIns())
     assert result["failed_ranks"] == 0, result["errors"]
     return result
 
 
-def test_on_time_cost_per_key_does_not_grow(on_time: dict) -> None:
-    """Every rank pays the same few requests per key; a change that adds a message per
-    key fails here (lower KEY_REQUESTS_NOW when a change saves some)."""
-    per_key = on_time["key_messages_per_rank_per_key"]
-    assert per_key["max"] <= KEY_REQUESTS_NOW + 0.5, on_time["by_message_per_rank"]
-    assert on_time["connections"]["measured"] == 16 + 1
+@unittest.skipIf(
+    "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ,
+    "simulates its ranks in one process: runs self-spawned only",
+)
+class TestStoreScale(TestCase):
+    def test_protocol_is_the_repositorys_file(self) -> None:
+        assert Path(bench.protocol.__file__).resolve() == bench.PROTOCOL_FILE.resolve()
+        installed = sys.modules.get(bench.PROTOCOL_MODULE)
+        if installed is not None and Path(installed.__file__).resolve() == bench.PROTOCOL_FILE:
+            # The overlay is applied: one module, shared with Inductor's code.
+            assert bench.protocol is installed
+
+    def test_on_time_cost_per_key_does_not_grow(self) -> None:
+        """Every rank pays the same few requests per key; a change that adds a message per
+        key fails here (lower KEY_REQUESTS_NOW when a change saves some)."""
+        on_time = on_time_scenario()
+        per_key = on_time["key_messages_per_rank_per_key"]
+        assert per_key["max"] <= KEY_REQUESTS_NOW + 0.5, on_time["by_message_per_rank"]
+        assert on_time["connections"]["measured"] == 16 + 1
+
+    def test_on_time_cost_per_key_meets_goal(self) -> None:
+        on_time = on_time_scenario()
+        # Everything a rank asks of the Store in the session (its JOIN and heartbeats too),
+        # per agreed key.
+        assert on_time["requests_per_rank_per_key"]["max"] <= KEY_REQUESTS_GOAL
+
+    def test_waiting_ranks_stay_under_two_requests_per_second(self) -> None:
+        """The last rank of each group joins 1.5 look intervals late; its peers wait.
+
+        A waiting rank sends two requests per look interval (a server-side wait of one
+        interval, then a look at the group's progress) and the wait that ends it: 3 in 1.5
+        intervals. With timeout 16 s the look interval is 2 s: one request a second. (At
+        timeout 8 s, a 1 s look interval, it is 2 a second: the goal's edge.)
+        """
+        timeout = 16.0
+        look = bench.protocol.look_interval(timeout)
+        sc = bench.Scenario("late", 16, 8, timeout=timeout, late_s=1.5 * look)
+        result = bench.run_scenario(sc, bench.StandIns())
+        assert result["failed_ranks"] == 0, result["errors"]
+        waiting = result["waiting"]
+        assert waiting["ranks"] == 14  # every rank but the two late ones waited
+        assert waiting["seconds"]["min"] >= 0.9 * sc.late_s
+        assert waiting["requests_per_s"]["max"] < WAITING_REQUESTS_PER_S_GOAL, waiting
+        # At most two per look interval, and the wait that ends it.
+        slices = waiting["seconds"]["max"] / look
+        assert waiting["requests_per_s"]["max"] * waiting["seconds"]["max"] <= 2 * slices + 1.5
 
 
-def test_on_time_cost_per_key_meets_goal(on_time: dict) -> None:
-    # Everything a rank asks of the Store in the session (its JOIN and heartbeats too),
-    # per agreed key.
-    assert on_time["requests_per_rank_per_key"]["max"] <= KEY_REQUESTS_GOAL
-
-
-def test_waiting_ranks_stay_under_two_requests_per_second() -> None:
-    """The last rank of each group joins 1.5 look intervals late; its peers wait.
-
-    A waiting rank sends two requests per look interval (a server-side wait of one
-    interval, then a look at the group's progress) and the wait that ends it: 3 in 1.5
-    intervals. With timeout 16 s the look interval is 2 s: one request a second. (At
-    timeout 8 s, a 1 s look interval, it is 2 a second: the goal's edge.)
-    """
-    timeout = 16.0
-    look = bench.protocol.look_interval(timeout)
-    sc = bench.Scenario("late", 16, 8, timeout=timeout, late_s=1.5 * look)
-    result = bench.run_scenario(sc, bench.StandIns())
-    assert result["failed_ranks"] == 0, result["errors"]
-    waiting = result["waiting"]
-    assert waiting["ranks"] == 14  # every rank but the two late ones waited
-    assert waiting["seconds"]["min"] >= 0.9 * sc.late_s
-    assert waiting["requests_per_s"]["max"] < WAITING_REQUESTS_PER_S_GOAL, waiting
-    # At most two per look interval, and the wait that ends it.
-    slices = waiting["seconds"]["max"] / look
-    assert waiting["requests_per_s"]["max"] * waiting["seconds"]["max"] <= 2 * slices + 1.5
+if __name__ == "__main__":
+    run_tests()

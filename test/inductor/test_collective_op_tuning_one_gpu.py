@@ -10,24 +10,19 @@ Every case skips without CUDA; under torchrun with more than one rank they skip 
 from __future__ import annotations
 
 import json
+import tempfile
+import unittest
+from pathlib import Path
 
-import pytest
 import torch
 from torch._dynamo.utils import counters
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 import collective_ops as ops
 from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
 from test_collective_op_tuning import check_agreement, one_op_body
 from test_collective_op_tuning_faults import decision_files, NO_GRAPH_CACHES, writes_input_body, zeroes_body
 from test_collective_op_tuning_graphs import forward_and_backward_body, mixed_winner_layers
-
-
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def test_one_op_is_screened_and_timed_on_one_gpu():
-    (record,) = check_agreement(run_ranks(1, one_op_body, device="cuda"), 1, 1)
-    assert record.mode == "eager" and record.group_ranks == (0,)
 
 
 def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
@@ -74,52 +69,63 @@ def check_each_size_ran_its_winner(result: dict) -> None:
     assert result["ran"][2] == ["per_row_cost"] and result["ran"][100] == []
 
 
-def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu():
-    (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, False, device="cuda", timeout_s=300))
-    check_each_size_ran_its_winner(result)
-    assert result["dispatching_sites"] > 0 and len(set(result["graphs"])) == 1
-
-
-def test_each_size_range_is_a_cuda_graph_tree_of_its_own_on_one_gpu():
-    (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, True, device="cuda", timeout_s=300))
-    check_each_size_ran_its_winner(result)
-    # One graph per range visited (2, 8 and 30, 100 lie in different cells), none inside
-    # dispatching, and sizes seen before compile nothing more.
-    assert result["dispatching_sites"] == 0
-    assert result["graphs"][-2:] == result["graphs"][3:4] * 2
-    assert len(set(result["graphs"])) > 1
-
-
-def test_forward_and_backward_dispatch_on_one_gpu():
-    (result,) = assert_all_ok(run_ranks(1, forward_and_backward_body, False, device="cuda", timeout_s=300))
-    assert result["frames"] == 1 and len(result["records"]) == 30
-
-
-def test_a_kept_decision_is_screened_again_on_one_gpu(tmp_path):
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "{rank}"), **NO_GRAPH_CACHES}
-    ((first,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
-    assert first.source == "benchmark"
-    (entry,) = decision_files(tmp_path, 0)
-    data = json.loads(entry.read_text())
-    data["winner"] = "zeroes"
-    entry.write_text(json.dumps(data))
-    ((again,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
-    assert again.source == "benchmark" and again.winner != "zeroes"
-    assert "the stored winner failed its screen" in again.reason
-
-
-def test_a_choice_writing_into_its_input_is_dropped_on_one_gpu():
-    ((record,),) = assert_all_ok(run_ranks(1, writes_input_body, device="cuda"))
-    assert record.winner != "writes_into_input" and "writes into input 0" in record.reason, record
-
-
 def graph_mode_one_op_body(r: Rank) -> list:
     ops.register_standard_ops()
     with torch._inductor.config.patch({"triton.cudagraphs": True}):
         return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name) * 2, torch.randn(256, 64, device=r.device))
 
 
-def test_graph_mode_timing_on_one_gpu():
-    ((record,),) = assert_all_ok(run_ranks(1, graph_mode_one_op_body, device="cuda"))
-    assert record.mode == "graph" and record.source == "benchmark"
-    assert all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")
+@unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
+class TestOneGpu(TestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        self.addCleanup(tmp.cleanup)
+        self.tmp_path = Path(tmp.name)
+
+    def test_one_op_is_screened_and_timed_on_one_gpu(self):
+        (record,) = check_agreement(run_ranks(1, one_op_body, device="cuda"), 1, 1)
+        assert record.mode == "eager" and record.group_ranks == (0,)
+
+    def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu(self):
+        (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, False, device="cuda", timeout_s=300))
+        check_each_size_ran_its_winner(result)
+        assert result["dispatching_sites"] > 0 and len(set(result["graphs"])) == 1
+
+    def test_each_size_range_is_a_cuda_graph_tree_of_its_own_on_one_gpu(self):
+        (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, True, device="cuda", timeout_s=300))
+        check_each_size_ran_its_winner(result)
+        # One graph per range visited (2, 8 and 30, 100 lie in different cells), none inside
+        # dispatching, and sizes seen before compile nothing more.
+        assert result["dispatching_sites"] == 0
+        assert result["graphs"][-2:] == result["graphs"][3:4] * 2
+        assert len(set(result["graphs"])) > 1
+
+    def test_forward_and_backward_dispatch_on_one_gpu(self):
+        (result,) = assert_all_ok(run_ranks(1, forward_and_backward_body, False, device="cuda", timeout_s=300))
+        assert result["frames"] == 1 and len(result["records"]) == 30
+
+    def test_a_kept_decision_is_screened_again_on_one_gpu(self):
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"), **NO_GRAPH_CACHES}
+        ((first,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
+        assert first.source == "benchmark"
+        (entry,) = decision_files(self.tmp_path, 0)
+        data = json.loads(entry.read_text())
+        data["winner"] = "zeroes"
+        entry.write_text(json.dumps(data))
+        ((again,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
+        assert again.source == "benchmark" and again.winner != "zeroes"
+        assert "the stored winner failed its screen" in again.reason
+
+    def test_a_choice_writing_into_its_input_is_dropped_on_one_gpu(self):
+        ((record,),) = assert_all_ok(run_ranks(1, writes_input_body, device="cuda"))
+        assert record.winner != "writes_into_input" and "writes into input 0" in record.reason, record
+
+    def test_graph_mode_timing_on_one_gpu(self):
+        ((record,),) = assert_all_ok(run_ranks(1, graph_mode_one_op_body, device="cuda"))
+        assert record.mode == "graph" and record.source == "benchmark"
+        assert all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from unittest import mock
 
-import pytest
 import torch
 import torch.distributed as dist
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
 
-from collective_harness import assert_all_ok, DEVICES, Rank, run_ranks
+from collective_harness import assert_all_ok, DEVICE_CASES, Rank, run_ranks
 from examples.tp_allreduce import ops as tp_ops
 
 
@@ -49,14 +54,6 @@ DOCUMENTED: dict[tuple[int, str | None], list[tuple[int, str]]] = {
     (16, "9.0"): [(1, NCCL)],
     (2, None): [(1, NCCL), (64 * MiB, NCCL)],
 }
-
-
-@pytest.mark.parametrize(
-    "world_size, capability, nbytes, implementation",
-    [(*where, *pick) for where, picks in DOCUMENTED.items() for pick in picks],
-)
-def test_table_picks_what_vllm_runs(world_size, capability, nbytes, implementation):
-    assert tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
 
 
 def sizes_around(limits: tp_ops.TableLimits, element_size: int) -> list[int]:
@@ -98,18 +95,33 @@ def table_body(r: Rank) -> list[tuple[int, list[str]]]:
     return found
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_table_op_sums_as_all_reduce_on_both_sides_of_each_limit(device):
-    per_rank = assert_all_ok(run_ranks(2, table_body, device=device))
-    assert per_rank[1] == per_rank[0]
-    sizes = [nbytes for nbytes, _ in per_rank[0]]
-    if device == "cpu":
-        # Both sides of 2 Hopper GPUs' limits, each summed by the op's own (gloo) all-reduce.
-        assert sizes == [8 * MiB - 4, 8 * MiB, 64 * MiB, 64 * MiB + 4]
-        assert [ran for _, ran in per_rank[0]] == [[NCCL]] * 4
-    else:
-        limits = tp_ops.table_limits(2, tp_ops.device_capability(torch.device("cuda")))
-        picks = [ran for _, ran in per_rank[0]]
-        assert picks == [[limits.pick(n)] for n in sizes]
-        # On 2 ranks each limit is a switch: the sizes come in pairs across one.
-        assert all(below != above for below, above in zip(picks[::2], picks[1::2])), picks
+class TestTableOp(TestCase):
+    @parametrize(
+        "world_size, capability, nbytes, implementation",
+        [(*where, *pick) for where, picks in DOCUMENTED.items() for pick in picks],
+    )
+    def test_table_picks_what_vllm_runs(self, world_size, capability, nbytes, implementation):
+        assert tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
+
+    @parametrize("device", DEVICE_CASES)
+    def test_table_op_sums_as_all_reduce_on_both_sides_of_each_limit(self, device):
+        per_rank = assert_all_ok(run_ranks(2, table_body, device=device))
+        assert per_rank[1] == per_rank[0]
+        sizes = [nbytes for nbytes, _ in per_rank[0]]
+        if device == "cpu":
+            # Both sides of 2 Hopper GPUs' limits, each summed by the op's own (gloo) all-reduce.
+            assert sizes == [8 * MiB - 4, 8 * MiB, 64 * MiB, 64 * MiB + 4]
+            assert [ran for _, ran in per_rank[0]] == [[NCCL]] * 4
+        else:
+            limits = tp_ops.table_limits(2, tp_ops.device_capability(torch.device("cuda")))
+            picks = [ran for _, ran in per_rank[0]]
+            assert picks == [[limits.pick(n)] for n in sizes]
+            # On 2 ranks each limit is a switch: the sizes come in pairs across one.
+            assert all(below != above for below, above in zip(picks[::2], picks[1::2])), picks
+
+
+instantiate_parametrized_tests(TestTableOp)
+
+
+if __name__ == "__main__":
+    run_tests()
