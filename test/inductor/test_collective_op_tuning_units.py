@@ -167,17 +167,6 @@ def test_settings_are_validated_in_one_place():
 # -- detection -------------------------------------------------------------------------------
 
 
-def test_only_custom_ops_are_recognised_by_their_name():
-    aten = torch.ops.aten
-    assert not is_collective_op(aten.broadcast_to.default)
-    assert not is_collective_op(aten.broadcast_tensors.default)
-    assert is_collective_op(torch.ops._c10d_functional.all_reduce.default)
-    assert not is_collective_op(torch.ops._c10d_functional.wait_tensor.default)
-    assert is_collective_op("mylib::fused_all_reduce")
-    assert is_collective_op("mylib.broadcast_weights.default")
-    assert not is_collective_op("mylib::scale")
-
-
 def test_upstreams_own_collective_benchmarking_is_replaced_not_left_behind():
     import inspect
 
@@ -453,3 +442,53 @@ def test_a_pick_is_settled_only_where_the_host_was_quiet():
     assert not judge(close, "a", busy, host_paced=True).settled
     # Only one choice timed: nothing to be unsure about.
     assert judge([clear[0]], "a", busy, host_paced=True).settled
+
+
+# -- exact collective detection ---------------------------------------------------------------
+
+
+@torch.library.custom_op("cat_units::broadcast_weights", mutates_args=())
+def _broadcast_weights(x: torch.Tensor) -> torch.Tensor:
+    """Broadcasts a tensor's rows along its columns: no communication, whatever its name."""
+    return x.sum(dim=1, keepdim=True).expand_as(x).clone()
+
+
+@_broadcast_weights.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_collectives_are_recognised_by_their_exact_names_only():
+    aten, fc = torch.ops.aten, torch.ops._c10d_functional
+    for op in (fc.all_reduce.default, fc.all_reduce, "_c10d_functional::all_gather_into_tensor"):
+        assert is_collective_op(op), op
+    assert is_collective_op(torch.ops.c10d.allreduce_.default)
+    assert is_collective_op("torch.ops.symm_mem.one_shot_all_reduce.default")
+    assert not is_collective_op(fc.wait_tensor.default)
+    assert not is_collective_op(aten.broadcast_to.default)
+    assert not is_collective_op(aten.broadcast_tensors.default)
+    # Words of a collective in a user's op name say nothing of communication.
+    for name in ("mylib::fused_all_reduce", "mylib.broadcast_weights.default"):
+        assert not is_collective_op(name), name
+
+
+def test_an_op_named_like_a_collective_that_does_not_communicate_is_none():
+    from torch._inductor.kernel.collective.detection import (
+        collective_calls,
+        names_a_collective,
+    )
+
+    op = torch.ops.cat_units.broadcast_weights.default
+    assert not is_collective_op(op) and not names_a_collective(op)
+    # Its implementation calls no collective: nothing makes it one.
+    gm = torch.fx.experimental.proxy_tensor.make_fx(_broadcast_weights)(torch.ones(2, 3))
+    assert collective_calls(gm) == []
+    # An implementation that calls a functional collective is one.
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    reduced = graph.call_function(
+        torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
+    )
+    graph.output(graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,)))
+    calls = collective_calls(torch.fx.GraphModule(torch.nn.Module(), graph))
+    assert [n.target for n in calls] == [torch.ops._c10d_functional.all_reduce.default]

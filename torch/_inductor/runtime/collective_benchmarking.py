@@ -66,6 +66,7 @@ from .collective_protocol import (
 )
 
 if TYPE_CHECKING:
+    from torch._ops import OpOverload, OpOverloadPacket
     from torch.distributed import ProcessGroup
 
     from .collective_protocol import CollectiveSession
@@ -73,27 +74,61 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Namespaces whose every op (but waiting) communicates.
-_COLLECTIVE_NAMESPACES = frozenset(
-    {"_c10d_functional", "_c10d_functional_autograd", "c10d", "symm_mem"}
+
+def _packets(namespace: str, names: str) -> frozenset[str]:
+    return frozenset(f"{namespace}::{name}" for name in names.split())
+
+
+# The ops that communicate, by the qualified name of their OpOverloadPacket
+# ("namespace::name"): c10d's functional collectives and their autograd variants, its
+# legacy in-place collectives, DTensor's and symmetric memory's (those of torch 2.11 to
+# 2.14). Exact names: an op whose name merely contains a collective's
+# (``aten::broadcast_to``, a user's ``mylib::broadcast_weights``) is none; a user's op
+# communicates when its implementations call these (kernel/collective/detection.py).
+COLLECTIVE_OPS: frozenset[str] = (
+    _packets(
+        "_c10d_functional",
+        """all_gather_into_tensor all_gather_into_tensor_coalesced
+        all_gather_into_tensor_out all_reduce all_reduce_ all_reduce_coalesced
+        all_reduce_coalesced_ all_to_all_single batch_p2p_ops broadcast broadcast_
+        irecv isend reduce_scatter_tensor reduce_scatter_tensor_coalesced
+        reduce_scatter_tensor_out""",
+    )
+    | _packets(
+        "_c10d_functional_autograd",
+        "all_gather_into_tensor all_reduce all_to_all_single reduce_scatter_tensor",
+    )
+    | _packets(
+        "c10d",
+        """_allgather_base_ _reduce_scatter_base_ allgather_ allgather_coalesced_
+        allgather_into_tensor_coalesced_ allreduce_ allreduce_coalesced_ alltoall_
+        alltoall_base_ barrier broadcast_ gather_ gather_into_tensor_
+        monitored_barrier_ recv_ recv_any_source_ reduce_ reduce_scatter_
+        reduce_scatter_tensor_coalesced_ scatter_ send""",
+    )
+    | _packets("_dtensor", "shard_dim_alltoall")
+    | _packets(
+        "symm_mem",
+        """_async_input_mm _barrier _low_contention_all_gather
+        _low_contention_all_gather_ce_multicast
+        _low_contention_all_gather_ce_multicast_out _low_contention_reduce_scatter
+        _rendezvous all_to_all_vdev all_to_all_vdev_2d all_to_all_vdev_2d_offset
+        fused_all_gather_matmul fused_all_gather_scaled_matmul
+        fused_matmul_reduce_scatter fused_scaled_matmul_reduce_scatter
+        get_remote_tensors memcpy_to_multicast_ memset32_ multi_root_tile_reduce
+        multimem_all_gather_out multimem_all_reduce_ multimem_one_shot_all_reduce
+        multimem_one_shot_all_reduce_out multimem_one_shot_reduce_out
+        nccl_all_to_all_nd nccl_get nccl_get_out nccl_put nccl_put_signal
+        nccl_put_with_signal nccl_reduce_scatter_offset nccl_wait_for_signal
+        nccl_wait_signal nvshmem_all_to_all nvshmem_broadcast nvshmem_get
+        nvshmem_get_out nvshmem_put nvshmem_put_with_signal nvshmem_wait_for_signal
+        one_shot_all_reduce one_shot_all_reduce_copy one_shot_all_reduce_copy_out
+        one_shot_all_reduce_out reduce_scatter_out stream_write_value32_ tile_reduce
+        two_shot_all_reduce_ two_shot_all_reduce_out""",
+    )
 )
-_NON_COLLECTIVE_OPS = frozenset({"wait_tensor", "wait"})
-# torch's own operator namespaces (as torch._library.utils.is_builtin): their ops are
-# known, so a name such as aten::broadcast_to says nothing of communication.
-_BUILTIN_NAMESPACES = frozenset({"aten", "prim", "prims"})
-# Words that name a collective inside an opaque custom op whose graph hides its
-# communication.
-_COLLECTIVE_WORDS = (
-    "all_reduce",
-    "allreduce",
-    "all_gather",
-    "allgather",
-    "reduce_scatter",
-    "reducescatter",
-    "all_to_all",
-    "alltoall",
-    "broadcast",
-)
+# The namespace of the symmetric-memory ops, whose inputs live in symmetric memory.
+_SYMMETRIC_MEMORY_NAMESPACE = "symm_mem"
 # Bounds on calls per eager sample and per captured batch, whatever the estimates say.
 _MAX_CALLS_PER_SAMPLE = 1024
 # Fewest calls per captured batch: a replay's launch costs a few microseconds, which a
@@ -128,35 +163,28 @@ OK = "ok"
 _MAX_DEVICE_POLL_S = 2e-4
 
 
-def _op_namespace_and_name(op: Any) -> tuple[str, str]:
+def _packet_name(op: OpOverload | OpOverloadPacket | str) -> str:
+    """The qualified name ("ns::name") of ``op``'s OpOverloadPacket."""
     if isinstance(op, torch._ops.OpOverload):
-        return op.namespace, op._opname
+        return f"{op.namespace}::{op._opname}"
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return op._qualified_op_name
     # "torch.ops.ns.name.overload", "ns::name" or "ns.name.overload"
-    text = str(op).removeprefix("torch.ops.").replace("::", ".")
-    parts = text.split(".")
-    return (parts[0], parts[1]) if len(parts) >= 2 else ("", text)
+    parts = str(op).removeprefix("torch.ops.").replace("::", ".").split(".")
+    return "::".join(parts[:2])
 
 
-def is_collective_op(op: Any) -> bool:
-    """Whether ``op`` (an OpOverload or its name) communicates across ranks.
-
-    Every op of the functional, legacy c10d and symmetric-memory namespaces counts,
-    waits excepted; no op of torch's own operator namespaces does (``aten``,
-    ``prims``); a custom op counts when its name says it is a collective, so that an
-    opaque op hiding its communication is still recognised.
-    """
-    namespace, name = _op_namespace_and_name(op)
-    if namespace in _COLLECTIVE_NAMESPACES:
-        return name not in _NON_COLLECTIVE_OPS
-    if namespace in _BUILTIN_NAMESPACES:
-        return False
-    lowered = name.lower()
-    return any(word in lowered for word in _COLLECTIVE_WORDS)
+def is_collective_op(op: OpOverload | OpOverloadPacket | str) -> bool:
+    """Whether ``op`` (an OpOverload, its packet or its name) is one of the ops that
+    communicate across ranks (:data:`COLLECTIVE_OPS`: exact names, never words in a
+    name); waiting for one (``wait_tensor``) is not."""
+    return _packet_name(op) in COLLECTIVE_OPS
 
 
-def uses_symmetric_memory(op: Any) -> bool:
+def uses_symmetric_memory(op: OpOverload | OpOverloadPacket | str) -> bool:
     """Whether ``op`` needs its input in symmetric memory of its group."""
-    return _op_namespace_and_name(op)[0] == "symm_mem"
+    namespace = _packet_name(op).partition("::")[0]
+    return namespace == _SYMMETRIC_MEMORY_NAMESPACE
 
 
 @dataclasses.dataclass(frozen=True)

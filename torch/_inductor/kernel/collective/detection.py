@@ -1,11 +1,12 @@
 """Which ops communicate, and over which process group.
 
-An op tuned with register_custom_op_autotuning is collective when its name says so
-(runtime/collective_benchmarking.is_collective_op), when one of its arguments names a
-process group (:data:`GROUP_ARGUMENTS`), or when its choices' traced graphs call a
-collective (:func:`collective_calls`). Its group is the one those arguments name,
-resolved to a ProcessGroup (:func:`resolve_group`); choices on several groups
-synchronise over the smallest known group that contains them all
+An op tuned with register_custom_op_autotuning is collective when it is one of the ops
+that communicate (runtime/collective_benchmarking.COLLECTIVE_OPS, by exact name: a
+user's op whose name contains a collective's is none), when one of its arguments names
+a process group (:data:`GROUP_ARGUMENTS`), or when its choices' traced graphs (or its
+own implementation's) call a collective (:func:`collective_calls`). Its group is the
+one those arguments name, resolved to a ProcessGroup (:func:`resolve_group`); choices
+on several groups synchronise over the smallest known group that contains them all
 (:func:`covering_group`).
 """
 
@@ -18,6 +19,7 @@ import torch
 from torch._inductor.runtime.collective_benchmarking import is_collective_op
 
 if TYPE_CHECKING:
+    from torch._ops import OpOverload
     from torch.distributed import ProcessGroup
 
 
@@ -27,13 +29,14 @@ log = logging.getLogger(__name__)
 GROUP_ARGUMENTS = ("group_name", "group", "process_group", "pg")
 
 
-def op_name(op: Any) -> str:
+def op_name(op: OpOverload) -> str:
     """An op's qualified name ("ns::name")."""
     return op.name() if hasattr(op, "name") and callable(op.name) else str(op)
 
 
-def names_a_collective(op: Any) -> bool:
-    """Whether ``op``'s name, or a process-group argument, says it communicates."""
+def names_a_collective(op: OpOverload) -> bool:
+    """Whether ``op`` is one of the ops that communicate, or a process-group argument
+    says that it does (its implementations' graphs tell the rest)."""
     schema = getattr(op, "_schema", None)
     return is_collective_op(op) or (
         schema is not None and any(a.name in GROUP_ARGUMENTS for a in schema.arguments)
@@ -67,7 +70,7 @@ def group_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[Any]:
     return found
 
 
-def resolve_group(group: Any, op: Any) -> ProcessGroup:
+def resolve_group(group: Any, op: OpOverload) -> ProcessGroup:
     """The ProcessGroup that ``group`` (a group, its boxed form, or its name) names;
     raises, naming ``op``, where this rank cannot tell one."""
     import torch.distributed as dist
