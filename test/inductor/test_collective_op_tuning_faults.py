@@ -546,7 +546,7 @@ def test_a_choice_whose_code_changed_is_tuned_afresh(tmp_path, graph_caches):
     # the buggy candidate fails its screen. compile_and_check found the outputs right.
     assert again == peer and again.source == "benchmark" and again.key != first.key
     assert again.winner != "candidate"
-    status = {t.name: t.status for t in again.timings}
+    status = {t.name: t.reason for t in again.timings}
     assert "output differs from the reference" in status["candidate"], status
 
 
@@ -598,7 +598,7 @@ def test_a_choice_slow_on_every_rank_is_dropped_after_one_call():
     results = run_ranks(2, slow_everywhere_body)
     (a,), (b,) = assert_all_ok(results)
     assert a == b and a.winner != "stuck"
-    status = {t.name: t.status for t in a.timings}
+    status = {t.name: t.reason for t in a.timings}
     assert status["stuck"].startswith("over budget: its first call took 6"), status
     assert "collective_benchmark_timeout=2 s" in status["stuck"]
     # One call of it, not one per sample.

@@ -33,8 +33,8 @@ from torch._inductor.kernel.collective.graph_sessions import (
 from torch._inductor.runtime.collective_benchmarking import (
     _status,
     BenchmarkSettings,
+    ChoiceStatus,
     is_collective_op,
-    OK,
     prune,
     Verdict,
 )
@@ -128,18 +128,22 @@ def test_prune_drops_only_the_clearly_slower_and_stops_on_a_tie():
 
 def test_a_screen_status_reads_the_same_from_every_ranks_verdicts():
     ok, wrong = [float(Verdict.OK), 0.0, 5.0], [float(Verdict.WRONG_OUTPUT), 7.95, 5.0]
-    assert _status([ok, ok], "") == OK
+    assert _status([ok, ok], "").status is ChoiceStatus.OK
     assert _status([wrong, ok], "") == (
+        ChoiceStatus.REJECTED,
         "rejected by group ranks [0] (group rank 0: rejected: output differs from the reference (max "
         "abs error 7.95)), accepted by group ranks [1]: a result that differs between ranks suggests it "
-        "reads data before a collective completed"
+        "reads data before a collective completed",
     )
     wrote = [float(Verdict.WROTE_INPUT), 1.0, 5.0]
     assert "writes into input 1, which the op does not declare it mutates" in _status(
         [wrote, wrote], ""
-    )
+    ).reason
     raised = [float(Verdict.RAISED), 0.0, math.inf]
-    assert _status([raised, raised], "raised on every rank: x") == "raised on every rank: x"
+    assert _status([raised, raised], "raised on every rank: x") == (
+        ChoiceStatus.RAISED,
+        "raised on every rank: x",
+    )
 
 
 def test_settings_are_validated_in_one_place():
@@ -419,11 +423,11 @@ def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decisio
 
 
 def test_a_pick_is_settled_only_where_the_host_was_quiet():
-    from torch._inductor.runtime.collective_benchmarking import ChoiceTiming, OK
+    from torch._inductor.runtime.collective_benchmarking import ChoiceStatus, ChoiceTiming
     from torch._inductor.runtime.collective_confidence import CONTENTION_LIMIT, judge
 
     def timing(name, low, mid, high):
-        return ChoiceTiming(name, mid, mid, 1, OK, low_us=low, high_us=high)
+        return ChoiceTiming(name, mid, mid, 1, ChoiceStatus.OK, low_us=low, high_us=high)
 
     clear = [timing("a", 9.0, 10.0, 10.5), timing("b", 12.0, 13.0, 14.0), timing("c", 30, 31, 32)]
     quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2

@@ -53,17 +53,13 @@ import math
 import statistics
 import time
 from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from typing import Any, Callable, NamedTuple, Optional, Sequence, TYPE_CHECKING
 
 import torch
 
-from .collective_protocol import (
-    CollectiveAutotuneError,
-    Deadline,
-    describe,
-    look_interval,
-    StoreLostError,
-)
+from torch.distributed._store_session import Deadline, describe, look_interval
+
+from .collective_protocol import CollectiveAutotuneError, StoreLostError
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload, OpOverloadPacket
@@ -143,7 +139,7 @@ _MIN_EAGER_GPU_ROUNDS = 5
 TIE_FRACTION = 0.02
 # A choice is clearly slower when its lower quartile is above the leader's upper
 # quartile by at least this fraction: quartiles of a few samples still move.
-_DROP_MARGIN = 0.02
+DROP_MARGIN = 0.02
 # GPU time (us) that the host gets to enqueue a graph round before the GPU reaches it:
 # a few launches and event records per choice.
 _HOST_LEAD_US = 400.0
@@ -156,8 +152,6 @@ _SCREEN_TOLERANCE = {
     torch.bfloat16: 3e-2,
 }
 BENCHMARK_MODES = ("auto", "eager", "graph")
-# The status of a choice that passed its screen (any other status says why not).
-OK = "ok"
 # Longest pause between two looks at a device event: short against any collective
 # worth timing, long enough not to spin a core.
 _MAX_DEVICE_POLL_S = 2e-4
@@ -281,6 +275,35 @@ class Candidate:
     run: Callable[[], torch.Tensor]
 
 
+class ChoiceStatus(str, enum.Enum):
+    """Whether a choice is timed, or why the group dropped it; the same on every rank."""
+
+    # It passed its screen.
+    OK = "ok"
+    # Its output, or what it wrote, differs from the reference's on some rank.
+    REJECTED = "rejected"
+    # It raised on every rank.
+    RAISED = "raised"
+    # Its calls cannot be timed within collective_benchmark_timeout.
+    OVER_BUDGET = "over budget"
+
+
+class ScreenOutcome(NamedTuple):
+    """A choice's status after its screen, and why it is dropped ("" where it is not),
+    in the same words on every rank."""
+
+    status: ChoiceStatus
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ChoiceStatus.OK
+
+
+# A screen's outcome for a choice that passed it.
+PASSED = ScreenOutcome(ChoiceStatus.OK)
+
+
 @dataclasses.dataclass(frozen=True)
 class ChoiceTiming:
     """A choice's result, identical on every rank of the group."""
@@ -291,8 +314,8 @@ class ChoiceTiming:
     max_us: float
     min_us: float
     calls_per_sample: int
-    # OK, or why the choice was dropped on every rank.
-    status: str
+    # Timed (OK), or dropped on every rank: see ``reason``.
+    status: ChoiceStatus
     # Timed samples (fewer than the budget once a choice was clearly slower).
     samples: int = 0
     # How far apart the ranks reached this choice's rendezvous call (median, us).
@@ -301,8 +324,12 @@ class ChoiceTiming:
     # over ranks, as the benchmark prunes by); the median where none were given.
     low_us: float = math.nan
     high_us: float = math.nan
+    # Why the choice was dropped on every rank, the same words on every rank; "" for OK.
+    reason: str = ""
 
     def __post_init__(self) -> None:
+        # (A status given by its value, "ok" say, becomes the enum member.)
+        object.__setattr__(self, "status", ChoiceStatus(self.status))
         for name in ("low_us", "high_us"):
             if math.isnan(getattr(self, name)):
                 object.__setattr__(self, name, self.max_us)
@@ -422,8 +449,8 @@ class CollectiveBenchmarker:
 
     def screen(
         self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference: int = 0
-    ) -> list[str]:
-        """Only the screen of :meth:`benchmark`: each candidate's status, identical on
+    ) -> list[ScreenOutcome]:
+        """Only the screen of :meth:`benchmark`: each candidate's outcome, identical on
         every rank (OK, or why it is dropped)."""
         with self._running(f"screening {', '.join(c.name for c in candidates)}"):
             return self._screen(candidates, inputs, reference)[0]
@@ -462,8 +489,8 @@ class CollectiveBenchmarker:
 
     def _screen(
         self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference_index: int
-    ) -> tuple[list[str], list[float]]:
-        """Each candidate's status on every rank, and its first call's time on its
+    ) -> tuple[list[ScreenOutcome], list[float]]:
+        """Each candidate's outcome on every rank, and its first call's time on its
         slowest rank (us).
 
         Every candidate runs once on restored inputs, the reference first; the others
@@ -500,8 +527,8 @@ class CollectiveBenchmarker:
         status = [_status(rows[i], raised.get(i, "")) for i in range(n)]
         first_call_us = [max(row[2] for row in rows[i]) for i in range(n)]
         for i, why in self._over_budget(first_call_us, reference_index).items():
-            status[i] = why
-        return status, [t if s == OK else math.inf for t, s in zip(first_call_us, status)]
+            status[i] = ScreenOutcome(ChoiceStatus.OVER_BUDGET, why)
+        return status, [t if s.ok else math.inf for t, s in zip(first_call_us, status)]
 
     def _raised_everywhere(self, name: str, error: Exception) -> str:
         """Vote in the Store that choice ``name`` raised here; why it raised, once every
@@ -568,9 +595,12 @@ class CollectiveBenchmarker:
     # -- calibrating and sampling -------------------------------------------------
 
     def _prepare_batches(
-        self, candidates: Sequence[Candidate], status: list[str], first_call_us: list[float]
+        self,
+        candidates: Sequence[Candidate],
+        status: list[ScreenOutcome],
+        first_call_us: list[float],
     ) -> list[_Batch | None]:
-        live = [i for i, s in enumerate(status) if s == OK]
+        live = [i for i, s in enumerate(status) if s.ok]
         batches: list[_Batch | None] = [None] * len(candidates)
         if self.mode == "graph":
             # The screen's times are the slowest rank's: every rank captures as many calls.
@@ -662,7 +692,7 @@ class CollectiveBenchmarker:
     def _reduce(
         self,
         candidates: Sequence[Candidate],
-        status: list[str],
+        status: list[ScreenOutcome],
         batches: list[_Batch | None],
         samples: list[list[float]],
         skews: list[list[float]],
@@ -691,7 +721,8 @@ class CollectiveBenchmarker:
                 max_us=reduced[i],
                 min_us=-reduced[n + i] if math.isfinite(reduced[i]) else math.inf,
                 calls_per_sample=batches[i].calls if batches[i] is not None else 0,
-                status=status[i],
+                status=status[i].status,
+                reason=status[i].reason,
                 samples=len(samples[i]),
                 skew_us=reduced[2 * n + i] + reduced[3 * n + i],
                 low_us=reduced[4 * n + i],
@@ -980,8 +1011,8 @@ class HostContention:
 
 def clearly_slower(low_us: float, leader_high_us: float) -> bool:
     """Whether a choice whose lower quartile is ``low_us`` is clearly slower than one
-    whose upper quartile is ``leader_high_us``: by at least the drop margin."""
-    return low_us > leader_high_us * (1 + _DROP_MARGIN)
+    whose upper quartile is ``leader_high_us``: by at least :data:`DROP_MARGIN`."""
+    return low_us > leader_high_us * (1 + DROP_MARGIN)
 
 
 def benchmark_device(device: torch.device) -> torch.device:
@@ -1055,37 +1086,40 @@ def _verdict(out: Any, reference: torch.Tensor, written: int | None) -> tuple[fl
 
 
 def _describe(verdict: Verdict, value: float) -> str:
-    """One rank's verdict in words."""
+    """One rank's verdict in words; "" where it accepted the call."""
     if verdict == Verdict.WRONG_OUTPUT:
         return f"rejected: output differs from the reference (max abs error {value:.3g})"
     if verdict == Verdict.WRONG_KIND:
         return "rejected: output is no tensor of the reference's shape and dtype"
     if verdict == Verdict.WROTE_INPUT:
-        return f"rejected: writes into input {int(value)}, which the op does not declare it mutates"
-    return OK
+        return (
+            f"rejected: writes into input {int(value)}, which the op does not declare "
+            "it mutates"
+        )
+    return ""
 
 
-def _status(rows: list[list[float]], raised: str) -> str:
-    """A candidate's status from every rank's row of the screen's table (group rank
+def _status(rows: list[list[float]], raised: str) -> ScreenOutcome:
+    """A candidate's outcome from every rank's row of the screen's table (group rank
     order): OK, or why it is dropped, the same words on every rank."""
     verdicts = [Verdict(int(row[0])) for row in rows]
     if all(v == Verdict.OK for v in verdicts):
-        return OK
+        return PASSED
     if all(v == Verdict.RAISED for v in verdicts):
-        return raised
+        return ScreenOutcome(ChoiceStatus.RAISED, raised)
     words = [_describe(v, row[1]) for v, row in zip(verdicts, rows)]
-    return _rejection(words)
+    return ScreenOutcome(ChoiceStatus.REJECTED, _rejection(words))
 
 
 def _rejection(reports: list[str]) -> str:
-    """Why the group drops a screened choice: each rank that rejected it, how far off
-    it was there, and the ranks that accepted it."""
-    described = "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o != OK)
-    accepted = [r for r, o in enumerate(reports) if o == OK]
+    """Why the group drops a screened choice: each rank that rejected it (its report),
+    how far off it was there, and the ranks that accepted it (no report)."""
+    described = "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o)
+    accepted = [r for r, o in enumerate(reports) if not o]
     if not accepted:
         return f"rejected by every rank: {described}"
     return (
-        f"rejected by group ranks {[r for r, o in enumerate(reports) if o != OK]} "
+        f"rejected by group ranks {[r for r, o in enumerate(reports) if o]} "
         f"({described}), accepted by group ranks {accepted}: a result that differs "
         "between ranks suggests it reads data before a collective completed"
     )

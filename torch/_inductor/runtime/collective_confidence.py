@@ -8,7 +8,8 @@ good. So every benchmark says how much its readings can be trusted:
 
 * *lead*: how far the winner is ahead of the runner-up, as the samples show it: the
   runner-up's lower quartile over the winner's upper quartile, on their slowest ranks
-  (the benchmark's own test for dropping a choice, :func:`clearly_slower`, asks 2%);
+  (the benchmark's own test for dropping a choice, :func:`clearly_slower`, asks
+  :data:`DROP_MARGIN`);
 * *spread*: the larger relative interquartile range of the two, on their slowest ranks;
 * *contention*: while the rounds ran, the seconds per second the timing thread spent
   runnable but waiting for a CPU, on the group's most contended rank
@@ -30,7 +31,11 @@ import dataclasses
 import math
 from typing import Sequence
 
-from torch._inductor.runtime.collective_benchmarking import ChoiceTiming, clearly_slower, OK
+from torch._inductor.runtime.collective_benchmarking import (
+    ChoiceStatus,
+    ChoiceTiming,
+    clearly_slower,
+)
 
 # Above this many seconds per second that the timing thread of some rank spent runnable
 # but waiting for a CPU, eager readings are not trusted. Measured on 2 gloo ranks on 2
@@ -73,7 +78,11 @@ def judge(
     """How far the pick of ``winner`` among ``timings`` can be trusted, given the
     group's ``contention`` while they were timed; ``host_paced`` says whether the host's
     timing entered the samples (eager timing)."""
-    timed = [t for t in timings if t.status == OK and math.isfinite(t.max_us)]
+    timed = [
+        t
+        for t in timings
+        if t.status is ChoiceStatus.OK and math.isfinite(t.max_us)
+    ]
     best = next((t for t in timed if t.name == winner), None)
     others = sorted((t for t in timed if t.name != winner), key=lambda t: t.max_us)
     if best is None or not others:
@@ -91,7 +100,10 @@ def judge(
     elif not clearly_slower(runner_up.low_us, best.high_us):
         # Timing a near tie again would cost every restart a benchmark and could flip
         # between two equally fast choices, whose numerics may differ: kept.
-        reason = f"{winner} and {runner_up.name} are a near tie on a quiet host (quartiles overlap)"
+        reason = (
+            f"{winner} and {runner_up.name} are a near tie on a quiet host "
+            "(quartiles overlap)"
+        )
     else:
         reason = f"{winner} is clearly ahead on a quiet host"
     return Confidence(runner_up.name, lead, spread, contention, not loaded, reason)

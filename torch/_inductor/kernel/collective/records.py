@@ -178,6 +178,7 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
             quartiles = f"{t.low_us:.1f}-{t.high_us:.1f}"
             lines.append(
                 f"  {t.name:<{width}}  {t.max_us:>15.1f}  {quartiles:>17}  {t.min_us:>15.1f}  "
-                f"{t.calls_per_sample:>12}  {t.samples:>7}  {t.skew_us:>7.1f}  {t.status}{mark}"
+                f"{t.calls_per_sample:>12}  {t.samples:>7}  {t.skew_us:>7.1f}  "
+                f"{t.reason or t.status.value}{mark}"
             )
     return "\n".join(lines)

@@ -29,13 +29,13 @@ from torch._inductor.kernel.collective.choice_modules import (
 )
 from torch._inductor.kernel.collective.choices import DEFAULT, needs_symmetric_memory, own_waits
 from torch._inductor.kernel.collective.waits import waited_call
-from torch._inductor.runtime.collective_protocol import describe
+from torch.distributed._store_session import describe
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
     Candidate,
     ChoiceTiming,
     CollectiveBenchmarker,
-    OK,
+    DROP_MARGIN,
     ScreenInputs,
 )
 
@@ -233,8 +233,8 @@ def screen_stored(
     benchmarker = CollectiveBenchmarker(
         process_group, inputs.layout.device, settings, session, mode
     )
-    status = benchmarker.screen(candidates, screened, reference=0)[1]
-    return "" if status == OK else f"failed its screen: {status}"
+    outcome = benchmarker.screen(candidates, screened, reference=0)[1]
+    return "" if outcome.ok else f"failed its screen: {outcome.reason}"
 
 
 def _runner(
@@ -268,13 +268,17 @@ def _runner(
     return lambda: with_neighbours(*inputs)
 
 
+# A rank's vote that its inputs are in symmetric memory (else: why not).
+_SYMMETRIC_MEMORY_READY = "ok"
+
+
 def _move_to_symmetric_memory(
     inputs: list[torch.Tensor], group: ProcessGroup, session: CollectiveSession
 ) -> bool:
     """Replace ``inputs`` by copies in symmetric memory of ``group`` (all ranks at once)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    outcome = OK
+    outcome = _SYMMETRIC_MEMORY_READY
     moved = list(inputs)
     try:
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -286,7 +290,8 @@ def _move_to_symmetric_memory(
                 moved[i] = buf.copy_(t)
     except Exception as e:  # noqa: BLE001
         outcome = f"failed: {type(e).__name__}: {e}"[:500]
-    if all(r == OK for r in session.vote("symmetric_memory", outcome)):
+    votes = session.vote("symmetric_memory", outcome)
+    if all(r == _SYMMETRIC_MEMORY_READY for r in votes):
         inputs[:] = moved
         return True
     log.warning(
@@ -326,8 +331,8 @@ def pick(
         if not timings[best].clearly_faster_than(timings[kept]):
             because = (
                 f"{names[best]} is not clearly faster at this range's top size on their "
-                f"slowest ranks (their quartiles are within 2% of each other), and "
-                f"{names[kept]} won at {nearest[1]}"
+                f"slowest ranks (their quartiles are within {100 * DROP_MARGIN:g}% of each "
+                f"other), and {names[kept]} won at {nearest[1]}"
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
