@@ -69,7 +69,7 @@ test: venvs overlay test-2.13 test-2.11
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the size
 # dispatch, upstream's test patterns on every rank, ops that do not communicate.
-MINOR_TESTS := test/inductor/test_collective_autotuning_overlay.py \
+MINOR_TESTS := test/tools/test_overlay.py \
 	test/inductor/test_collective_op_tuning_contracts.py test/inductor/test_collective_op_tuning_units.py \
 	test/inductor/test_collective_op_tuning_graphs.py test/inductor/test_collective_op_tuning_conformance.py \
 	test/inductor/test_collective_op_tuning_noncollective.py

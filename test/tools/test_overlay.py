@@ -1,0 +1,691 @@
+"""tools/overlay.py on fake torch installs: the patch series applied, checked, removed,
+shared between minors, edited and refreshed.
+
+Imports only pytest, the standard library and torch (for its version and location): the
+Inductor tests import the overlay's own modules, which need it applied. The commands run
+as a subprocess on a fake install under tmp_path (a site folder holding the upstream
+files the series edits and a version.py); the cases that write patches call the tool's
+functions on a copy of patches/.
+
+A minor's pristine files are at hand for the installed torch (or the pristine copies
+the overlay keeps beside it), for 2.11 under ../shared/upstream/, and for any venv of
+this checkout (.venv*) with the overlay applied; cases that need a minor not at hand
+skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "overlay.py"
+STATE = ".collective_autotuning_overlay"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("overlay_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+overlay_tool = _load_tool()
+SUPPORTED: tuple[str, ...] = overlay_tool.SUPPORTED
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def _key(minor: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in minor.split("."))
+
+
+def _series(minor: str) -> list:
+    return overlay_tool.read_series(minor)
+
+
+def _newest_minor() -> str:
+    """The series an unsupported torch gets: the newest supported one here."""
+    return overlay_tool.newest_minor()
+
+
+def _version_of(torch_dir: Path) -> str:
+    text = (torch_dir / "version.py").read_text()
+    return re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.MULTILINE).group(1)
+
+
+def _pristine_at_hand() -> dict[str, tuple[str, Path]]:
+    """Each minor whose pristine files are at hand: its version, their site folder."""
+    found: dict[str, tuple[str, Path]] = {}
+    shared = REPO.parent / "shared" / "upstream" / "torch-2.11.0"
+    if shared.is_dir():
+        found["2.11"] = ("2.11.0", shared)
+    installed = Path(torch.__file__).parent
+    candidates = [installed]
+    candidates += sorted(REPO.glob(".venv*/lib/python*/site-packages/torch"))
+    for torch_dir in candidates:
+        version = _version_of(torch_dir)
+        state = torch_dir / STATE / "pristine"
+        if state.is_dir():
+            found.setdefault(_minor(version), (version, state))
+        elif torch_dir == installed:
+            found.setdefault(_minor(version), (version, torch_dir.parent))
+    return found
+
+
+PRISTINE = _pristine_at_hand()
+
+
+def _minors_param() -> list:
+    params = []
+    for minor in SUPPORTED:
+        if minor in PRISTINE:
+            params.append(pytest.param(minor, id=minor))
+        else:
+            skip = pytest.mark.skip(f"no pristine torch {minor} files at hand")
+            params.append(pytest.param(minor, id=minor, marks=skip))
+    return params
+
+
+def _at_hand() -> str:
+    """The installed torch's minor if its pristine files are at hand, else any."""
+    installed = _minor(torch.__version__)
+    if installed in PRISTINE:
+        return installed
+    if not PRISTINE:
+        pytest.skip("no supported torch's pristine files at hand")
+    return next(iter(PRISTINE))
+
+
+def _write_version(torch_dir: Path, version: str) -> None:
+    (torch_dir / "version.py").write_text(f"__version__ = '{version}'\n")
+
+
+def _fake_install(site: Path, minor: str, version: str | None = None) -> Path:
+    """A torch package directory holding only the upstream files MINOR's series edits,
+    as MINOR has them."""
+    pristine_version, pristine = PRISTINE[minor]
+    for rel in overlay_tool._paths(_series(minor)):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pristine / rel, site / rel)
+    _write_version(site / "torch", version or pristine_version)
+    return site / "torch"
+
+
+def _overlay(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(TOOL), *args], capture_output=True, text=True
+    )
+
+
+def _tree(root: Path) -> dict[str, bytes | str | None]:
+    """Everything under ROOT: a file's bytes, a link's target, None for a folder."""
+    tree: dict[str, bytes | str | None] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            tree[rel] = os.readlink(path)
+        else:
+            tree[rel] = None if path.is_dir() else path.read_bytes()
+    return tree
+
+
+def _last_hunk(minor: str):
+    """The series' last patch, its last file, that file's hunk count and last hunk."""
+    patch = _series(minor)[-1]
+    fp = patch.files[-1]
+    return patch, fp.path, len(fp.hunks), fp.hunks[-1]
+
+
+@pytest.fixture
+def patches_copy(tmp_path, monkeypatch):
+    """The tool's functions working on a copy of patches/ (for cases that write it)."""
+    copy = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", copy)
+    monkeypatch.setattr(overlay_tool, "PATCHES", copy)
+    monkeypatch.setattr(overlay_tool, "SERIES", copy / "series")
+    return copy
+
+
+# -- the series as stored -----------------------------------------------------------
+
+
+def test_every_series_lists_its_patches_in_order_each_with_a_message():
+    for minor in SUPPORTED:
+        names = overlay_tool.series_names(minor)
+        assert names, minor
+        assert [n[:4] for n in names] == sorted(n[:4] for n in names), minor
+        for patch in _series(minor):
+            assert patch.files, patch.name  # a patch that changes nothing is no patch
+            head = patch.text.split("\n---\n", 1)[0]
+            subject, _, body = head.partition("\n\n")
+            assert subject.startswith("Subject: [PATCH] "), patch.name
+            assert "Why:" in body and "Behaviour:" in body, patch.name
+            trailer = re.search(r"^Torch-Minors: (.+)$", head, re.MULTILINE)
+            assert trailer and minor in trailer.group(1).split(), patch.name
+
+
+def test_minors_share_patch_text_and_no_hunk_is_stored_twice():
+    files = sorted(p.name for p in overlay_tool.SERIES.glob("*.patch"))
+    listed = {m: set(overlay_tool.series_names(m)) for m in SUPPORTED}
+    assert set(files) == set().union(*listed.values())  # no stray patch files
+    seen: dict[tuple, str] = {}
+    for name in files:
+        patch = overlay_tool.read_patch(name)
+        minors = (
+            re.search(r"^Torch-Minors: (.+)$", patch.text, re.MULTILINE)
+            .group(1)
+            .split()
+        )
+        assert {m for m in SUPPORTED if name in listed[m]} == set(minors), name
+        users = {m for m in SUPPORTED if any(n[:4] == name[:4] for n in listed[m])}
+        if ".torch-" in name:  # a per-minor part: the minors its name says, only
+            assert name.split(".torch-")[1][: -len(".patch")].split("+") == minors
+            assert set(minors) < users, name
+        else:  # the shared part: every minor that has this patch
+            assert set(minors) == users, name
+        for fp in patch.files:
+            for hunk in fp.hunks:
+                key = overlay_tool._hunk_key(fp.path, hunk)
+                assert key not in seen, f"{name} repeats a hunk of {seen.get(key)}"
+                seen[key] = name
+    # 2.13 and 2.14 are near-identical upstream: most of their hunks are shared.
+    both = [n for n in files if n in listed["2.13"] and n in listed["2.14"]]
+    shared = sum(overlay_tool.read_patch(n).n_hunks for n in both)
+    assert shared >= 0.8 * sum(p.n_hunks for p in _series("2.14"))
+
+
+def test_only_the_2_11_series_has_the_backport():
+    backport = [n for n in overlay_tool.series_names("2.11") if "backport" in n]
+    assert backport
+    assert "torch/fx/experimental/symbolic_shapes.py" in {
+        fp.path for n in backport for fp in overlay_tool.read_patch(n).files
+    }
+    for minor in ("2.13", "2.14"):
+        assert not [n for n in overlay_tool.series_names(minor) if "backport" in n]
+
+
+def test_no_hunk_only_reindents_upstream_lines():
+    """An upstream line a hunk removes and adds back differs in more than indentation,
+    unless the hunk removes the block around it (an `if`/`else:` gone)."""
+    for name in sorted(p.name for p in overlay_tool.SERIES.glob("*.patch")):
+        for fp in overlay_tool.read_patch(name).files:
+            for hunk in fp.hunks:
+                body = hunk.text.splitlines()[1:]
+                removed = [ln[1:].strip() for ln in body if ln.startswith("-")]
+                added = [ln[1:].strip() for ln in body if ln.startswith("+")]
+                both = set(removed) & set(added) - {"", ")", "):", "]", "}"}
+                opener_gone = any(r.endswith(":") and r not in added for r in removed)
+                assert opener_gone or not both, (
+                    f"{name}: {fp.path}: re-indented {sorted(both)}"
+                )
+
+
+# -- apply and remove ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("minor", _minors_param())
+def test_series_round_trip_restores_pristine_files(tmp_path, minor):
+    torch_dir = _fake_install(tmp_path / "site", minor)
+    before = _tree(tmp_path)
+    series = _series(minor)
+
+    applied = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert applied.returncode == 0, applied.stderr
+    assert f"patches/torch-{minor}.series ({len(series)} patches)" in applied.stdout
+    assert not applied.stderr
+    manifest = json.loads((torch_dir / STATE / "manifest.json").read_text())
+    assert manifest["series"] == minor
+    assert list(manifest["patches"]) == [p.name for p in series]
+    assert sorted(manifest["files"]) == overlay_tool._paths(series)
+    # What landed is each patch applied in turn to what the ones before it left.
+    expected = {
+        rel: (PRISTINE[minor][1] / rel).read_text() for rel in manifest["files"]
+    }
+    for patch in series:
+        for fp in patch.files:
+            expected[fp.path] = overlay_tool.patch_text(expected[fp.path], fp)
+    for rel in manifest["files"]:
+        patched = (torch_dir.parent / rel).read_text()
+        assert patched == expected[rel] and before[f"site/{rel}"] != patched.encode()
+    for rel in manifest["links"]:
+        assert (torch_dir.parent / rel).resolve() == REPO / rel
+
+    again = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert "already applied" in again.stdout
+    status = _overlay("--torch-dir", str(torch_dir), "status").stdout
+    assert f"patches/torch-{minor}.series" in status
+    for patch in series:
+        assert f"  applied patches/series/{patch.name}\n" in status
+    assert "DRIFT" not in status and "STALE" not in status and "FORCED" not in status
+    # On an applied torch, `check` reads the pristine copies: every hunk applies.
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert checked.returncode == 0, checked.stdout
+    assert "checking the pristine copies" in checked.stdout
+    n_hunks = sum(p.n_hunks for p in series)
+    assert f"hunks: {n_hunks} of {n_hunks} apply ({len(series)} patches)" in (
+        checked.stdout
+    )
+    for patch in series:
+        assert f"\n{patch.label}\n" in checked.stdout
+
+    removed = _overlay("--torch-dir", str(torch_dir), "remove")
+    assert removed.returncode == 0, removed.stderr
+    assert f"removed patches/torch-{minor}.series" in removed.stdout
+    assert _tree(tmp_path) == before
+
+
+def test_a_minor_needs_its_own_parts(tmp_path):
+    """Another minor's series does not apply: its per-minor parts name themselves."""
+    minor = _at_hand()
+    other = next(m for m in SUPPORTED if m != minor)
+    mine = set(overlay_tool.series_names(minor))
+    foreign = [p for p in _series(other) if p.name not in mine]
+    assert foreign  # the minors' upstream texts differ somewhere
+    texts = {
+        rel: (PRISTINE[minor][1] / rel).read_text()
+        for rel in overlay_tool._paths(_series(minor))
+    }
+    _, problems = overlay_tool.apply_series(texts, _series(other))
+    assert problems
+    failing = {line.split(":")[0] for line in problems if "not tried" not in line}
+    assert failing <= {p.label for p in foreign}, problems
+
+
+def test_hunk_found_at_an_offset_applies_and_removes_byte_exactly(tmp_path):
+    minor = _at_hand()
+    first = _series(minor)[0]
+    rel, hunk = first.files[0].path, first.files[0].hunks[0]
+    plain = _fake_install(tmp_path / "plain" / "site", minor)
+    assert _overlay("--torch-dir", str(plain), "apply").returncode == 0
+    patched_in_place = (plain.parent / rel).read_text()
+
+    torch_dir = _fake_install(tmp_path / "moved" / "site", minor)
+    moved = torch_dir.parent / rel
+    added = "".join(f"# a line upstream added above the hunks {n}\n" for n in range(5))
+    moved.write_text(added + moved.read_text())
+    before = _tree(tmp_path / "moved")
+
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert checked.returncode == 0, checked.stdout
+    # A shared patch gives the newest minor's line numbers: the hunk is where it is.
+    pristine_lines = (PRISTINE[minor][1] / rel).read_text().splitlines(keepends=True)
+    (line,) = overlay_tool._occurrences(pristine_lines, hunk.old)
+    start, offset = hunk.old_start, line + 5 - hunk.old_start
+    expected = (
+        f"hunk 1: applies at line {line + 5} ({offset:+d} from the patch's {start})"
+    )
+    assert f"{first.label}\n  {rel}\n    {expected}" in checked.stdout
+    assert _tree(tmp_path / "moved") == before
+
+    applied = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert applied.returncode == 0, applied.stderr
+    assert moved.read_text() == added + patched_in_place
+    assert _overlay("--torch-dir", str(torch_dir), "remove").returncode == 0
+    assert _tree(tmp_path / "moved") == before
+
+
+def test_a_patch_that_does_not_apply_names_itself_and_nothing_changes(tmp_path):
+    minor = _at_hand()
+    patch, rel, number, hunk = _last_hunk(minor)
+    torch_dir = _fake_install(tmp_path / "site", minor)
+    # The last patch's last hunk: a refusal there shows no earlier file was written.
+    path = torch_dir.parent / rel
+    old = hunk.old
+    block = "".join(old)
+    changed = old[: len(old) // 2] + ["# upstream changed this line\n"]
+    changed += old[len(old) // 2 + 1 :]
+    assert path.read_text().count(block) == 1
+    path.write_text(path.read_text().replace(block, "".join(changed)))
+    before = _tree(tmp_path)
+
+    refused = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert refused.returncode == 2
+    where = f"hunk {number} (the patch's line {hunk.old_start}) not found"
+    assert f"{patch.label}: {rel}: {where}" in refused.stderr
+    assert "nothing changed" in refused.stderr
+    assert _tree(tmp_path) == before
+
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert checked.returncode == 2
+    report = checked.stdout.split(f"{patch.label}\n", 1)[1]
+    assert f"hunk {number}: NOT FOUND (the patch's line {hunk.old_start})" in report
+    assert checked.stdout.rstrip().endswith("check: FAILED")
+    assert _tree(tmp_path) == before
+
+
+def test_later_patches_are_not_tried_on_a_file_an_earlier_one_failed_on(tmp_path):
+    minor = _at_hand()
+    series = _series(minor)
+    # A file that two patches edit; break the first patch's first hunk there.
+    rel = next(
+        fp.path
+        for fp in series[0].files
+        if any(fp.path in {f.path for f in p.files} for p in series[1:])
+    )
+    first = next(fp for fp in series[0].files if fp.path == rel)
+    later = next(p for p in series[1:] if rel in {f.path for f in p.files})
+    torch_dir = _fake_install(tmp_path / "site", minor)
+    path = torch_dir.parent / rel
+    block = "".join(first.hunks[0].old)
+    path.write_text(path.read_text().replace(block, "".join(first.hunks[0].old[1:])))
+
+    refused = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert refused.returncode == 2
+    assert f"{series[0].label}: {rel}: hunk 1 " in refused.stderr
+    not_tried = f"{later.label}: {rel}: not tried, {series[0].label} failed on it"
+    assert not_tried in refused.stderr
+
+
+def test_ambiguous_hunk_is_refused_listing_its_candidate_lines(tmp_path):
+    minor = _at_hand()
+    patch, rel, number, hunk = _last_hunk(minor)
+    torch_dir = _fake_install(tmp_path / "site", minor)
+    path = torch_dir.parent / rel
+    path.write_text("".join(hunk.old) + path.read_text())  # the old lines twice
+    before = _tree(tmp_path)
+    start = path.read_text().splitlines(keepends=True)[len(hunk.old) :]
+    second = overlay_tool._occurrences(start, hunk.old)[0] + len(hunk.old)
+    lines = f"1, {second}"
+
+    refused = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert refused.returncode == 2
+    expected = (
+        f"{patch.label}: {rel}: hunk {number} (the patch's line {hunk.old_start})"
+    )
+    assert f"{expected} ambiguous: its old lines occur at lines {lines}" in (
+        refused.stderr
+    )
+    assert _tree(tmp_path) == before
+
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert checked.returncode == 2
+    assert f"hunk {number}: AMBIGUOUS at lines {lines}" in checked.stdout
+    assert _tree(tmp_path) == before
+
+
+def test_hunks_without_context_or_out_of_order_are_refused():
+    # The repository's patches always carry context and keep order: hand-made ones.
+    insertion = overlay_tool.parse_diff(
+        "--- a/f.py\n+++ b/f.py\n@@ -1,0 +2 @@\n+added\n"
+    )[0]
+    with pytest.raises(overlay_tool.OverlayError, match=r"f.py: hunk 1 .*no old lines"):
+        overlay_tool.patch_text("a\n", insertion)
+    swapped = overlay_tool.parse_diff(
+        "--- a/f.py\n+++ b/f.py\n"
+        "@@ -1,2 +1,2 @@\n c\n-d\n+D\n@@ -3,2 +3,2 @@\n a\n-b\n+B\n"
+    )[0]
+    with pytest.raises(
+        overlay_tool.OverlayError, match=r"hunk 2 .* before hunk 1 ends"
+    ):
+        overlay_tool.patch_text("a\nb\nc\nd\n", swapped)
+
+
+def test_status_names_a_patch_changed_since_it_was_applied(tmp_path, patches_copy):
+    minor = _at_hand()
+    install = overlay_tool.locate(None, str(_fake_install(tmp_path / "site", minor)))
+    overlay_tool.apply(install)
+    assert "STALE" not in overlay_tool.status(install)
+    patch = _series(minor)[1]
+    path = patches_copy / "series" / patch.name
+    path.write_text(path.read_text().replace("Why:", "Why (reworded):", 1))
+    status = overlay_tool.status(install)
+    assert (
+        f"STALE   {patch.name} changed since it was applied; run apply again" in status
+    )
+    assert overlay_tool.apply(install).startswith("applied")  # not "already applied"
+    assert "STALE" not in overlay_tool.status(install)
+
+
+# -- versions without a series of their own --------------------------------------------
+
+
+def _unlisted_install(site: Path) -> Path:
+    newest = _newest_minor()
+    if newest not in PRISTINE:
+        pytest.skip(f"no pristine torch {newest} files at hand (the newest series)")
+    return _fake_install(site, newest, "2.99.0")
+
+
+def test_check_on_an_unlisted_version_tries_the_newest_series(tmp_path):
+    newest = _newest_minor()
+    torch_dir = _unlisted_install(tmp_path / "site")
+    before = _tree(tmp_path)
+
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert checked.returncode == 0, checked.stdout
+    assert "torch 2.99.0 is not supported" in checked.stdout
+    assert f"checking the newest series, patches/torch-{newest}.series" in (
+        checked.stdout
+    )
+    series = _series(newest)
+    n_hunks = sum(p.n_hunks for p in series)
+    assert f"hunks: {n_hunks} of {n_hunks} apply" in checked.stdout
+    # Not a venv or system prefix: no Python to run the contracts with.
+    assert "contracts not checked" in checked.stdout
+    assert checked.stdout.rstrip().endswith("check: OK")
+    assert _tree(tmp_path) == before
+
+    patch, rel, number, hunk = _last_hunk(newest)
+    path = torch_dir.parent / rel
+    path.write_text(path.read_text().replace("".join(hunk.old), "".join(hunk.old[1:])))
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert checked.returncode == 2
+    assert f"hunk {number}: NOT FOUND (the patch's line {hunk.old_start})" in (
+        checked.stdout
+    )
+
+
+def test_apply_refuses_an_unlisted_version_unless_forced(tmp_path):
+    newest = _newest_minor()
+    torch_dir = _unlisted_install(tmp_path / "site")
+    before = _tree(tmp_path)
+
+    refused = _overlay("--torch-dir", str(torch_dir), "apply")
+    assert refused.returncode == 2
+    supported = ", ".join(f"{v}.x" for v in SUPPORTED)
+    assert f"torch 2.99.0 is not supported (supported: {supported})" in refused.stderr
+    assert "`overlay.py check`" in refused.stderr
+    assert "`overlay.py apply --force`" in refused.stderr
+    assert _tree(tmp_path) == before
+
+    forced = _overlay("--torch-dir", str(torch_dir), "apply", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "warning: torch 2.99.0 is not supported" in forced.stderr
+    assert f"applying patches/torch-{newest}.series" in forced.stderr
+    manifest = json.loads((torch_dir / STATE / "manifest.json").read_text())
+    assert manifest["series"] == newest and manifest["version"] == "2.99.0"
+    for rel in manifest["files"]:
+        assert before[f"site/{rel}"] != (torch_dir.parent / rel).read_bytes()
+    status = _overlay("--torch-dir", str(torch_dir), "status").stdout
+    assert f"patches/torch-{newest}.series" in status and "FORCED" in status
+    assert "DRIFT" not in status
+    again = _overlay("--torch-dir", str(torch_dir), "apply", "--force")
+    assert "already applied" in again.stdout
+
+    removed = _overlay("--torch-dir", str(torch_dir), "remove")
+    assert removed.returncode == 0, removed.stderr
+    assert f"removed patches/torch-{newest}.series" in removed.stdout
+    assert _tree(tmp_path) == before
+
+
+def test_check_runs_the_contracts_with_the_python_whose_site_packages_holds_the_torch(
+    tmp_path,
+):
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    lib = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venv / "lib" / lib / "site-packages"
+    torch_dir = _unlisted_install(site)
+
+    checked = _overlay("--torch-dir", str(torch_dir), "check")
+    assert f"python: {venv / 'bin' / lib}\n" in checked.stdout
+    assert "none found" not in checked.stdout
+
+
+# -- editing a patch of the series ---------------------------------------------------
+
+
+def test_edit_writes_what_applies_and_leaves_the_rest_in_rej_files(tmp_path):
+    minor = _at_hand()
+    patch, rel, number, hunk = _last_hunk(minor)
+    intact = _fake_install(tmp_path / "intact" / "site", minor)
+    assert _overlay("--torch-dir", str(intact), "apply").returncode == 0
+    changed = _fake_install(tmp_path / "changed" / "site", minor)
+    path = changed.parent / rel
+    path.write_text(path.read_text().replace("".join(hunk.old), "".join(hunk.old[1:])))
+
+    work = tmp_path / "work"
+    edited = _overlay("edit", minor, str(changed.parent), str(work))
+    assert edited.returncode == 0, edited.stderr
+    rej = work / f"{rel}.rej"
+    where = f"hunk {number} (the patch's line {hunk.old_start}) not found"
+    assert f"{patch.label}: {rel}: {where}, left in {rej}" in edited.stdout
+    label, header, *body = rej.read_text().splitlines(keepends=True)
+    assert label == f"# {patch.label}\n"
+    assert header.startswith(f"@@ -{hunk.old_start},")
+    assert [line[1:] for line in body if line[:1] in " -"] == hunk.old
+    for other in overlay_tool._paths(_series(minor)):
+        if other != rel:
+            assert (work / other).read_bytes() == (intact.parent / other).read_bytes()
+
+
+def test_edit_upto_writes_the_files_as_the_patches_through_it_leave_them(tmp_path):
+    minor = _at_hand()
+    series = _series(minor)
+    number = series[0].number
+    work = tmp_path / "work"
+    edited = _overlay(
+        "edit", minor, str(PRISTINE[minor][1]), str(work), "--upto", number
+    )
+    assert edited.returncode == 0, edited.stderr
+    through = [p for p in series if p.number == number]
+    texts = {
+        rel: (PRISTINE[minor][1] / rel).read_text()
+        for rel in overlay_tool._paths(through)
+    }
+    expected, problems = overlay_tool.apply_series(texts, through)
+    assert not problems
+    written = sorted(str(p.relative_to(work)) for p in work.rglob("*.py"))
+    assert written == sorted(expected)
+    for rel, text in expected.items():
+        assert (work / rel).read_text() == text
+
+
+def test_refresh_unchanged_rewrites_nothing(tmp_path, patches_copy):
+    minor = _at_hand()
+    before = _tree(patches_copy)
+    for patch in dict.fromkeys(p.number for p in _series(minor)):
+        work = tmp_path / f"work-{patch}"
+        overlay_tool.edit(minor, PRISTINE[minor][1], work, patch)
+        overlay_tool.refresh(minor, PRISTINE[minor][1], work, patch)
+    assert _tree(patches_copy) == before
+
+
+def test_refresh_splits_a_shared_hunk_into_per_minor_parts(tmp_path, patches_copy):
+    """A change made on one minor to a hunk every minor shares: that minor's part
+    holds the new hunk, the others' the old one; each series names its parts."""
+    minor = _at_hand()
+    pristine = PRISTINE[minor][1]
+    shared = next(
+        p
+        for p in _series(minor)
+        if all(p.name in overlay_tool.series_names(m) for m in SUPPORTED)
+    )
+    number, fp = shared.number, shared.files[0]
+    work = tmp_path / "work"
+    overlay_tool.edit(minor, pristine, work, number)
+    path = work / fp.path
+    marker = "# a line added on one minor only\n"
+    text = path.read_text()
+    at = text.index("".join(fp.hunks[0].new)) + len("".join(fp.hunks[0].new))
+    path.write_text(text[:at] + marker + text[at:])
+    others = {m: overlay_tool.series_names(m) for m in SUPPORTED if m != minor}
+    old_hunks = {
+        m: {
+            overlay_tool._hunk_key(f.path, h)
+            for n in names
+            if n.startswith(f"{number}-")
+            for f in overlay_tool.read_patch(n).files
+            for h in f.hunks
+        }
+        for m, names in others.items()
+    }
+
+    overlay_tool.refresh(minor, pristine, work, number)
+
+    mine = [n for n in overlay_tool.series_names(minor) if n.startswith(f"{number}-")]
+    own_part = [n for n in mine if n.endswith(f".torch-{minor}.patch")]
+    assert own_part, mine
+    assert marker in overlay_tool.read_patch(own_part[0]).text
+    for m in others:
+        now = [n for n in overlay_tool.series_names(m) if n.startswith(f"{number}-")]
+        hunks = {
+            overlay_tool._hunk_key(f.path, h)
+            for n in now
+            for f in overlay_tool.read_patch(n).files
+            for h in f.hunks
+        }
+        assert hunks == old_hunks[m]  # the other minors' text is unchanged
+        assert all(marker not in overlay_tool.read_patch(n).text for n in now)
+    texts = {
+        rel: (pristine / rel).read_text() for rel in overlay_tool._paths(_series(minor))
+    }
+    through = [p for p in _series(minor) if p.number <= number]
+    result, problems = overlay_tool.apply_series(texts, through)
+    assert not problems
+    assert result[fp.path] == path.read_text()
+
+
+def test_write_concern_stores_each_hunk_once_in_the_file_of_its_minors(patches_copy):
+    def diff(*hunks: str) -> list:
+        return overlay_tool.parse_diff("--- a/f.py\n+++ b/f.py\n" + "".join(hunks))
+
+    every = "@@ -1,2 +1,2 @@\n a\n-b\n+B\n"
+    pair = "@@ -5,2 +5,2 @@\n e\n-f\n+F\n"
+    alone_11 = "@@ -5,2 +5,2 @@\n e\n-g\n+G\n"
+    names = overlay_tool.write_concern(
+        "0009",
+        "demo",
+        "Subject: [PATCH] demo\n\nWhy: a test.\n\nBehaviour: none.\n",
+        {
+            "2.11": diff(every, alone_11),
+            "2.13": diff(every, pair),
+            "2.14": diff(every, pair),
+        },
+    )
+    assert names == {
+        "2.11": ["0009-demo.patch", "0009-demo.torch-2.11.patch"],
+        "2.13": ["0009-demo.patch", "0009-demo.torch-2.13+2.14.patch"],
+        "2.14": ["0009-demo.patch", "0009-demo.torch-2.13+2.14.patch"],
+    }
+    files = {p.name: p.read_text() for p in patches_copy.glob("series/0009-*")}
+    assert files["0009-demo.patch"].endswith("---\n--- a/f.py\n+++ b/f.py\n" + every)
+    assert "Torch-Minors: 2.11 2.13 2.14\n" in files["0009-demo.patch"]
+    assert files["0009-demo.torch-2.13+2.14.patch"].endswith(pair)
+    assert files["0009-demo.torch-2.11.patch"].endswith(alone_11)
+    part = overlay_tool.read_patch("0009-demo.torch-2.11.patch")
+    assert part.message == "Subject: [PATCH] demo\n\nWhy: a test.\n\nBehaviour: none.\n"
+    for minor in ("2.11", "2.13"):
+        patches = [overlay_tool.read_patch(n) for n in names[minor]]
+        out, problems = overlay_tool.apply_series(
+            {"f.py": "a\nb\nc\nd\ne\n" + ("g\n" if minor == "2.11" else "f\n")},
+            patches,
+        )
+        assert not problems
+        assert out["f.py"].splitlines()[1] == "B"
