@@ -33,7 +33,7 @@ from torch._inductor.kernel.collective.waits import (
     with_waits,
 )
 from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
-from torch._inductor.runtime.collective_protocol import describe
+from torch.distributed._store_session import describe
 
 if TYPE_CHECKING:
     from torch._inductor.ir import ChoiceCaller
@@ -155,7 +155,7 @@ _collective: dict[str, bool] = {}
 _identities: dict[str, str] = {}
 
 
-def register(op: Any, configs: Sequence[Any], collective: bool) -> None:
+def register(op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool) -> None:
     """Note an op registered with register_custom_op_autotuning, whether it
     communicates, and, if it does, the code of its ``configs`` (CustomOpConfig) and its
     own implementation."""
@@ -172,13 +172,13 @@ def register(op: Any, configs: Sequence[Any], collective: bool) -> None:
         )
 
 
-def is_registered_collective(op: Any) -> bool:
+def is_registered_collective(op: torch._ops.OpOverload) -> bool:
     """Whether ``op`` was registered for autotuning and communicates."""
     return _collective.get(op_name(op), False)
 
 
 def identities(
-    op: Any, implementations: Sequence[tuple[str, Callable[..., Any]]]
+    op: Optional[torch._ops.OpOverload], implementations: Sequence[tuple[str, Callable[..., Any]]]
 ) -> dict[str, str]:
     """The code identity of ``op``'s own implementation and of each of its labelled
     ``implementations``, by "op/label" (noted as their current code)."""
@@ -195,12 +195,12 @@ def current_identity(name: str) -> Optional[str]:
     return _identities.get(name)
 
 
-def schema_arguments(op: Any) -> set[str]:
+def schema_arguments(op: Optional[torch._ops.OpOverload]) -> set[str]:
     """The names of ``op``'s arguments (none for an op without a schema)."""
     return {a.name for a in op._schema.arguments} if hasattr(op, "_schema") else set()
 
 
-def choice_label(choice: ChoiceCaller, op: Any = None) -> str:
+def choice_label(choice: ChoiceCaller, op: Optional[torch._ops.OpOverload] = None) -> str:
     """A choice's readable name: its implementation and the parameters its config set
     (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
     The same on every rank, whatever Inductor numbered the choice."""
@@ -221,7 +221,9 @@ def label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
     return f"{implementation}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
 
 
-def the_op_itself(op: Any, schema: set[str], waits: Waits = Waits.NONE) -> Callable[..., Any]:
+def the_op_itself(
+    op: torch._ops.OpOverload, schema: set[str], waits: Waits = Waits.NONE
+) -> Callable[..., Any]:
     """A stand-in implementation: the op's own call (never chosen; its name is no
     implementation's), followed by a wait where ``waits`` says the op's body returns a
     collective's output unwaited (:func:`own_waits`, resolved before Dynamo traces a
@@ -235,7 +237,9 @@ def the_op_itself(op: Any, schema: set[str], waits: Waits = Waits.NONE) -> Calla
 
 
 def check_own_implementation(
-    op: Any, inputs: Sequence[Any], non_tensor_args: Sequence[dict[str, Any]]
+    op: torch._ops.OpOverload,
+    inputs: Sequence[Any],
+    non_tensor_args: Sequence[dict[str, Any]],
 ) -> OwnImplementation:
     """What the op's own implementation, called on ``inputs`` (the IR nodes of the call
     being lowered), does with functional collectives: on which groups, and whether it
@@ -249,12 +253,14 @@ def check_own_implementation(
     return trace_own_implementation(op, body, inputs, kwargs)
 
 
-def own_waits(op: Any) -> Waits:
+def own_waits(op: Optional[torch._ops.OpOverload]) -> Waits:
     """What :func:`check_own_implementation` found for ``op`` in this process."""
     return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
 
 
-def guarded_implementation(decomposition: Callable[..., Any], op: Any) -> Callable[..., Any]:
+def guarded_implementation(
+    decomposition: Callable[..., Any], op: torch._ops.OpOverload
+) -> Callable[..., Any]:
     """``decomposition``, waiting for the functional collectives it did not wait for
     (collective/waits.py:with_waits), and traced as the op itself where it raises while
     traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
@@ -384,7 +390,10 @@ _default_choices: dict[str, Any] = {}
 
 
 def complete_default_choice(
-    name: str, choices: list[ChoiceCaller], op: Any, non_tensor_args: Sequence[dict[str, Any]]
+    name: str,
+    choices: list[ChoiceCaller],
+    op: torch._ops.OpOverload,
+    non_tensor_args: Sequence[dict[str, Any]],
 ) -> None:
     """Make the op's own implementation a complete choice, present at every compile.
 
@@ -463,7 +472,7 @@ class RangeWinner:
         decomposition: Optional[Callable[..., Any]],
         kwargs: dict[str, Any],
         config_patches: Optional[dict[str, Any]],
-        op: Any,
+        op: Optional[torch._ops.OpOverload],
         default: Optional[ChoiceCaller] = None,
     ) -> RangeWinner:
         """The range winner ``decomposition`` (None: the op's own implementation)."""

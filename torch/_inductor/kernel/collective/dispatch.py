@@ -46,7 +46,7 @@ from torch._inductor.kernel.collective.choice_modules import (
 from torch._inductor.kernel.collective.detection import names_a_collective
 from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
-from torch._inductor.runtime.collective_protocol import describe
+from torch.distributed._store_session import describe
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,9 @@ _ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = weakref.WeakKey
 _ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
-def dynamic_ladder(name: str, op: Any, tensor_inputs: Sequence[Any]) -> Optional[Ladder]:
+def dynamic_ladder(
+    name: str, op: torch._ops.OpOverload, tensor_inputs: Sequence[Any]
+) -> Optional[Ladder]:
     """A ladder for this call of ``op`` if it is a collective op whose first input has
     a dynamic dimension; None where the op is tuned at one size."""
     import torch.distributed as dist
@@ -320,7 +322,7 @@ def _is_tensor(argument: Any) -> bool:
 
 
 def lower_size_dispatch(
-    op: Any,
+    op: torch._ops.OpOverload,
     name: str,
     impl_groups: Sequence[Any],
     dim: int,
@@ -448,7 +450,7 @@ _traced_dispatches: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], torch.f
 
 
 def _traced_dispatch_of(
-    op: Any,
+    op: torch._ops.OpOverload,
     branches: list[tuple[float, Any]],
     dim: int,
     runtime_kwargs: dict[str, Any],
@@ -511,7 +513,9 @@ def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
     dispatch.recompile()
 
 
-def lowered_once(op: Any, lowering: Callable[..., Any]) -> Callable[..., Any]:
+def lowered_once(
+    op: torch._ops.OpOverload, lowering: Callable[..., Any]
+) -> Callable[..., Any]:
     """``lowering``, except where ``op`` is lowered inside its own lowering: there the op
     lowers as itself (a call of its eager kernel).
 

@@ -108,7 +108,7 @@ log = logging.getLogger(__name__)
 table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
 
-def note_registration(op: Any, configs: Sequence[Any] = ()) -> None:
+def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) -> None:
     """Called by register_custom_op_autotuning for every op it registers, with its
     CustomOpConfigs (none for a config generator's)."""
     from torch._functorch import config as functorch_config
@@ -131,7 +131,7 @@ def prepare_choices(
     decompositions: Sequence[Callable[..., Any]],
     non_tensor_args: Sequence[dict[str, Any]],
     inputs: Sequence[Any],
-    op: Any,
+    op: torch._ops.OpOverload,
     config_patches_list: Optional[Sequence[dict[str, Any]]] = None,
     min_speedup_threshold: float = 1.0,
     benchmark_with_cudagraphs: bool = False,
@@ -217,7 +217,7 @@ def prepare_choices(
 def detect_collective(
     name: str,
     choices: list[ChoiceCaller],
-    op_overload: Any,
+    op_overload: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> tuple[bool, Optional[ProcessGroup]]:
     """Whether the op's choices communicate, and over which process group.

@@ -81,7 +81,7 @@ class CallSite:
 
     name: str
     # The op (None where a site's op was not prepared before tracing).
-    op: Any
+    op: Optional[torch._ops.OpOverload]
     group: ProcessGroup
     settings: BenchmarkSettings
     device: torch.device
@@ -114,7 +114,7 @@ def prepare_site(
     labels: Sequence[str],
     implementations: Sequence[Any],
     inputs: Sequence[Any],
-    op: Any,
+    op: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
@@ -252,7 +252,7 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
     return None if choice is None else choice.winner
 
 
-def mutable_inputs(op: Any) -> tuple[int, ...]:
+def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
     """The positions, among ``op``'s tensor arguments, of those it declares it writes."""
     arguments = [a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)]
     return tuple(

@@ -130,7 +130,9 @@ class Waits(enum.Enum):
 _found: weakref.WeakKeyDictionary[Callable[..., Any], Waits] = weakref.WeakKeyDictionary()
 
 
-def with_waits(implementation: Callable[..., Any], op: Any) -> Callable[..., Any]:
+def with_waits(
+    implementation: Callable[..., Any], op: torch._ops.OpOverload
+) -> Callable[..., Any]:
     """``implementation`` of ``op``, waiting for its functional collectives where its
     author did not (see :class:`WaitBeforeRead`), at the first read and at its output.
 
@@ -207,7 +209,10 @@ _own: weakref.WeakKeyDictionary[Callable[..., Any], OwnImplementation] = (
 
 
 def trace_own_implementation(
-    op: Any, body: Callable[..., Any], inputs: Sequence[Any], kwargs: dict[str, Any]
+    op: torch._ops.OpOverload,
+    body: Callable[..., Any],
+    inputs: Sequence[Any],
+    kwargs: dict[str, Any],
 ) -> OwnImplementation:
     """What ``body``, the op's own implementation (the Python body of ``op``), does with
     functional collectives when called on ``inputs`` (IR nodes of the call being
