@@ -10,10 +10,9 @@ import dataclasses
 import json
 import math
 import threading
-import time
+import tempfile
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -40,53 +39,26 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 from torch._inductor.runtime.collective_decisions import DecisionStore, StoredDecision
 from torch._inductor.runtime.collective_protocol import (
-    ABORTED,
     CollectiveAutotuneError,
     CollectiveSession,
     Decision,
     DecisionKind,
+    StoreClient,
+)
+from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.distributed._store_session import (
+    ABORTED,
     Liveness,
     Participant,
+    look_interval,
     Silence,
-    StoreClient,
     wait_until,
 )
 
 # -- the ladder ------------------------------------------------------------------------------
 
 
-def test_ranges_are_tuned_coarse_to_fine_largest_first():
-    assert _bisection_order(1) == [0]
-    assert _bisection_order(2) == [1, 0]
-    assert _bisection_order(8) == [7, 0, 3, 1, 5, 2, 4, 6]
-    for n in range(1, 20):
-        assert sorted(_bisection_order(n)) == list(range(n))
-
-
 LADDER = ["op_range_1_1", "op_range_2_4", "op_range_5_16", "op_range_17_64", "op_range_65_inf"]
-
-
-def test_a_range_between_two_that_agree_takes_their_winner():
-    decided = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
-    assert interpolated(LADDER, "op_range_5_16", decided) == (
-        "a",
-        "the neighbouring sizes 1 and inf chose it too",
-    )
-    differ = {"op_range_1_1": "a", "op_range_65_inf": "b"}.get
-    assert interpolated(LADDER, "op_range_5_16", differ) is None
-    # The nearest decided neighbour counts, not the farthest.
-    nearest = {"op_range_1_1": "a", "op_range_2_4": "b", "op_range_65_inf": "b"}.get
-    assert interpolated(LADDER, "op_range_5_16", nearest)[0] == "b"
-    assert interpolated(LADDER, "op_range_1_1", decided) is None  # nothing below
-
-
-def test_a_range_keeps_the_nearest_decided_winner_below_else_above():
-    assert tie_reference(LADDER, "op_range_1_1", {}.get) is None
-    assert tie_reference(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == ("x", "4")
-    below_and_above = {"op_range_1_1": "x", "op_range_65_inf": "y"}.get
-    assert tie_reference(LADDER, "op_range_5_16", below_and_above) == ("x", "1")
-    # The smallest range, timed after the largest, has only ranges above.
-    assert tie_reference(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == ("y", "inf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,203 +73,11 @@ class _Group:
     ranges: list
 
 
-def test_dispatch_branches_follow_sizes_and_merge_neighbours_only():
-    a = _Group("a", [_Bounds(1, 4), _Bounds(65, math.inf)])
-    b = _Group("b", [_Bounds(5, 16), _Bounds(17, 64)])
-    branches = _branches([a, b])
-    # a up to 4, b up to 64 (two neighbouring ranges merged), a again above.
-    assert [(top, g.impl_name) for top, g in branches] == [(4, "a"), (64, "b"), (math.inf, "a")]
-
-
-# -- sampling --------------------------------------------------------------------------------
-
-
-def test_prune_drops_only_the_clearly_slower_and_stops_on_a_tie():
-    names = ["lead", "close", "slow", "kept"]
-    candidates = [type("C", (), {"name": n}) for n in names]
-    low, mid, high = [9.0, 9.5, 15.0, 30.0], [10.0, 10.1, 16.0, 31.0], [11.0, 10.5, 17.0, 32.0]
-    live, settled = prune(
-        [0, 1, 2, 3], low, mid, high, {3}, rounds=3, min_rounds=3, candidates=candidates
-    )
-    assert live == [0, 1, 3] and not settled  # "slow" dropped; "kept" kept; a tie needs 6 rounds
-    live, settled = prune(
-        [0, 1, 3], low, mid, high, {3}, rounds=6, min_rounds=3, candidates=candidates
-    )
-    assert live == [0, 1, 3] and settled  # "close" within 2% of the leader
-
-
-def test_a_screen_status_reads_the_same_from_every_ranks_verdicts():
-    ok, wrong = [float(Verdict.OK), 0.0, 5.0], [float(Verdict.WRONG_OUTPUT), 7.95, 5.0]
-    assert _status([ok, ok], "").status is ChoiceStatus.OK
-    assert _status([wrong, ok], "") == (
-        ChoiceStatus.REJECTED,
-        "rejected by group ranks [0] (group rank 0: rejected: output differs from the reference (max "
-        "abs error 7.95)), accepted by group ranks [1]: a result that differs between ranks suggests it "
-        "reads data before a collective completed",
-    )
-    wrote = [float(Verdict.WROTE_INPUT), 1.0, 5.0]
-    assert "writes into input 1, which the op does not declare it mutates" in _status(
-        [wrote, wrote], ""
-    ).reason
-    raised = [float(Verdict.RAISED), 0.0, math.inf]
-    assert _status([raised, raised], "raised on every rank: x") == (
-        ChoiceStatus.RAISED,
-        "raised on every rank: x",
-    )
-
-
-def test_settings_are_validated_in_one_place():
-    good = BenchmarkSettings(20, 5, 30.0, 1000.0, 500.0, "auto", True, 16384, 4)
-    good.validate()
-    with pytest.raises(ValueError, match="collective_benchmark_nruns=0: an int >= 1"):
-        dataclasses.replace(good, nruns=0).validate()
-    with pytest.raises(ValueError, match="collective_autotune_dynamic_ratio=1: an int >= 2"):
-        dataclasses.replace(good, dynamic_ratio=1).validate()
-    with pytest.raises(ValueError, match="collective_benchmark_timeout=-1: seconds, > 0"):
-        dataclasses.replace(good, timeout=-1).validate()
-    assert set(good.knobs()) == {
-        "collective_benchmark_nruns",
-        "collective_benchmark_warmup",
-        "collective_benchmark_timeout",
-        "collective_benchmark_sample_us",
-        "collective_benchmark_graph_sample_us",
-        "collective_benchmark_mode",
-        "collective_autotune_dynamic",
-        "collective_autotune_dynamic_max",
-        "collective_autotune_dynamic_ratio",
-    }
-
-
 # -- detection -------------------------------------------------------------------------------
-
-
-def test_upstreams_own_collective_benchmarking_is_replaced_not_left_behind():
-    import inspect
-
-    from torch._inductor import utils
-    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
-    from torch._inductor.select_algorithm import AlgorithmSelectorCache
-
-    for gone in ("benchmark_collective_choice", "_run_collective_benchmark"):
-        assert not hasattr(AlgorithmSelectorCache, gone), gone
-    assert not hasattr(SubgraphChoiceCaller, "benchmark_collective")
-    assert not hasattr(utils, "is_collective_op") and not hasattr(utils, "COLLECTIVE_OPS")
-    # The flag routes a collective op at the entry point, and goes no further.
-    assert "is_collective" in inspect.signature(AlgorithmSelectorCache.__call__).parameters
-    for method in (
-        "benchmark",
-        "autotune",
-        "do_autotuning",
-        "benchmark_choices",
-        "make_benchmark_fn",
-    ):
-        parameters = inspect.signature(getattr(AlgorithmSelectorCache, method)).parameters
-        assert "is_collective" not in parameters, method
-
-
-def test_reading_a_collectives_output_before_waiting_is_found():
-    fc = torch.ops._c10d_functional
-
-    def early(x):
-        out = fc.all_reduce(x, "sum", "0")
-        return out * 2  # before wait_tensor
-
-    def waited(x):
-        return fc.wait_tensor(fc.all_reduce(x, "sum", "0")) * 2
-
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    x = torch.randn(4)
-    assert (
-        "reads the output of _c10d_functional::all_reduce before wait_tensor"
-        in unwaited_collective(make_fx(early, tracing_mode="fake")(x))
-    )
-    assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
 
 
 def _targets(gm: torch.fx.GraphModule) -> list[str]:
     return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-
-
-def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output():
-    from torch._inductor.kernel.collective.waits import with_waits
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    fc = torch.ops._c10d_functional
-    x = torch.randn(4)
-
-    def scaled(x):  # upstream's "avg times world size": reads before waiting
-        out = fc.all_reduce_(x.clone(), "avg", "0")
-        return out * 2
-
-    def returned(x):  # upstream's "sum": returns the output unwaited
-        return fc.all_reduce_(x.clone(), "sum", "0")
-
-    for fn, expected in [
-        (scaled, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
-                  "_c10d_functional.wait_tensor.default", "aten.mul.Tensor"]),
-        (returned, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
-                    "_c10d_functional.wait_tensor.default"]),
-    ]:
-        unwaited = make_fx(fn, tracing_mode="fake")(x)
-        assert unwaited_collective(unwaited) != "", fn.__name__
-        gm = make_fx(with_waits(fn, None), tracing_mode="fake")(x)
-        assert _targets(gm) == expected, (fn.__name__, _targets(gm))
-        assert unwaited_collective(gm) == "", fn.__name__
-
-
-def test_an_implementation_that_waits_is_traced_as_written():
-    from torch._inductor.kernel.collective.waits import with_waits
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    fc = torch.ops._c10d_functional
-
-    def overlapped(x, w):  # the wait comes after independent work: kept there
-        out = fc.all_reduce(x, "sum", "0")
-        y = w @ w
-        return fc.wait_tensor(out) + y
-
-    args = (torch.randn(4, 4), torch.randn(4, 4))
-    plain = make_fx(overlapped, tracing_mode="fake")(*args)
-    waited = make_fx(with_waits(overlapped, None), tracing_mode="fake")(*args)
-    assert waited.code == plain.code
-
-
-# -- agreeing ----------------------------------------------------------------------------------
-
-
-def test_failures_read_the_same_on_every_rank():
-    per_rank = [{"a": "boom"}, {"a": "boom", "b": "no symmetric memory"}, {}]
-    assert _failures(per_rank) == {
-        "a": "group ranks [0, 1]: boom",
-        "b": "group rank 1: no symmetric memory",
-    }
-
-
-def test_settings_that_differ_are_named_by_variable():
-    same = {"collective_benchmark_warmup": 5, "collective_benchmark_mode": "auto"}
-    assert _differing_settings([same, same]) == ""
-    other = {**same, "collective_benchmark_warmup": 6}
-    why = _differing_settings([same, other, same])
-    assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_WARMUP" in why
-    assert "5 on group ranks [0, 2], 6 on group ranks [1]" in why
-    decision = _decide_graph([{"settings": same, "loaded": ""}, {"settings": other, "loaded": ""}])
-    assert decision.kind == DecisionKind.MISMATCH
-
-
-def test_a_cached_graph_is_loaded_only_where_every_rank_loaded_the_same():
-    settings = {"collective_benchmark_warmup": 5}
-    assert _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind == DecisionKind.LOAD
-    mixed = _decide_graph(
-        [{"settings": settings, "loaded": "g"}, {"settings": settings, "loaded": ""}]
-    )
-    assert mixed.kind == DecisionKind.COMPILE and "group ranks [0] hit their caches" in mixed.reason
-
-
-def test_decisions_round_trip_through_their_encodings():
-    decision = Decision(DecisionKind.FALLBACK, "late")
-    assert Decision.decode(decision.encode().encode()) == decision
-    assert GroupChoice.decode(GroupChoice("x", provisional=True).encode()) == GroupChoice("x", True)
 
 
 # -- code identity ---------------------------------------------------------------------------
@@ -311,41 +91,6 @@ def _factory(scale: float, offset=None):
     return impl
 
 
-def test_code_identity_follows_the_code_not_the_name():
-    assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
-    assert code_identity(_factory(2.0)) != code_identity(_factory(3.0))  # a value closed over
-    assert code_identity(_factory(2.0, lambda y: y + 1)) != code_identity(
-        _factory(2.0, lambda y: y - 1)
-    )
-
-    def a(x):
-        return x + 1
-
-    def b(x):
-        return x + 2
-
-    b.__name__ = b.__qualname__ = a.__qualname__
-    assert code_identity(a) != code_identity(b)  # same name, other code
-
-
-# -- decisions on disk ---------------------------------------------------------------------------
-
-
-def test_a_stored_decision_is_read_back_and_anything_else_is_a_miss(tmp_path: Path):
-    store = DecisionStore(tmp_path)
-    env = {"group_size": 2}
-    decision = StoredDecision("key", env, "winner", {"winner": 5.0})
-    store.save(decision)
-    assert store.load("key", env) == decision
-    assert store.load("key", {"group_size": 4}) is None  # another environment
-    assert store.load("other", env) is None
-    (path,) = tmp_path.glob("*.json")
-    path.write_text("{not json")
-    assert store.load("key", env) is None
-    path.write_text(json.dumps({"format": 0, **dataclasses.asdict(decision)}))
-    assert store.load("key", env) is None  # an older format
-
-
 # -- the protocol on one process's Store -------------------------------------------------------
 
 
@@ -354,98 +99,20 @@ def _participant(store: dist.Store, rank: int, timeout: float) -> Participant:
     return Participant(client, Liveness(client, "ns", rank, lambda: ["g"]), rank, "ns")
 
 
-def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome():
-    store = dist.HashStore()
-    members = [_participant(store, r, 5.0) for r in range(3)]
-    sessions = [CollectiveSession(m, "g", "s", r, [0, 1, 2], 5.0) for r, m in enumerate(members)]
-    results: dict[int, list[str]] = {}
-    threads = [
-        threading.Thread(target=lambda r=r: results.__setitem__(r, sessions[r].vote("t", f"o{r}")))
-        for r in range(3)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert all(results[r] == ["o0", "o1", "o2"] for r in range(3))
-    assert [m.client.requests for m in members] == [4, 4, 4]
+class CountingSilence(Silence):
+    """A Silence that counts its looks, and says when it looked ``until`` times."""
 
+    def __init__(self, *args, until: int) -> None:
+        super().__init__(*args)
+        self.looks = 0
+        self._until = until
+        self.looked_enough = threading.Event()
 
-def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at_once():
-    store = dist.HashStore()
-    waiter, worker = _participant(store, 0, 0.4), _participant(store, 1, 0.4)
-    begin = time.monotonic()
-    assert not wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
-    assert 0.4 <= time.monotonic() - begin < 0.4 + 0.3
-
-    def work() -> None:
-        with worker.liveness.working("working on purpose"):
-            time.sleep(1.2)
-        worker.client.set("done", "1")
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    assert wait_until(waiter, ["done"], Silence(waiter, "g", [0, 1], 0.4))  # 1.2 s of work > 0.4 s
-    thread.join()
-    worker.client.add("ns/g/progress", ABORTED)
-    worker.client.set("ns/g/abort", "group rank 1: gone")
-    with pytest.raises(
-        CollectiveAutotuneError, match="stopped on every rank of the group: group rank 1: gone"
-    ):
-        wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
-
-
-def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decision():
-    store = dist.HashStore()
-    member = _participant(store, 0, 0.4)
-    decide = lambda joins: Decision(DecisionKind.COMPILE, "tune")  # noqa: E731
-    fallback = lambda why: Decision(DecisionKind.FALLBACK, why)  # noqa: E731
-    first = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
-    requests = member.client.requests
-    again = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
-    assert again == first and member.client.requests == requests  # read from what it knows
-    # The same plan on another group is another session: joined, decided there.
-    other = CollectiveSession(member, "h", "plan", 0, [0], 0.4).agree({}, decide, fallback)
-    assert other == first and member.client.requests > requests
-    # A session that ended in an error has no decision: a later graph says so at once
-    # instead of waiting on the Store for one.
-    member.client.add("ns/a/progress", ABORTED)
-    member.client.set("ns/a/abort", "group rank 1: gone")
-    with pytest.raises(CollectiveAutotuneError, match="group rank 1: gone"):
-        CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
-    begin = time.monotonic()
-    with pytest.raises(CollectiveAutotuneError, match="ended without a decision"):
-        CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
-    assert time.monotonic() - begin < 0.1
-
-
-# -- how far a benchmark's readings can be trusted ------------------------------------------
-
-
-def test_a_pick_is_settled_only_where_the_host_was_quiet():
-    from torch._inductor.runtime.collective_benchmarking import ChoiceStatus, ChoiceTiming
-    from torch._inductor.runtime.collective_confidence import CONTENTION_LIMIT, judge
-
-    def timing(name, low, mid, high):
-        return ChoiceTiming(name, mid, mid, 1, ChoiceStatus.OK, low_us=low, high_us=high)
-
-    clear = [timing("a", 9.0, 10.0, 10.5), timing("b", 12.0, 13.0, 14.0), timing("c", 30, 31, 32)]
-    quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
-    settled = judge(clear, "a", quiet, host_paced=True)
-    assert settled.settled and settled.runner_up == "b"
-    assert abs(settled.lead - (12.0 / 10.5 - 1)) < 1e-9
-    # The same readings on a busy host: not trusted where the host paced the samples
-    # (eager), trusted where it did not (CUDA-graph replays).
-    assert not judge(clear, "a", busy, host_paced=True).settled
-    assert "busy" in judge(clear, "a", busy, host_paced=True).reason
-    assert judge(clear, "a", busy, host_paced=False).settled
-    # Overlapping quartiles on a quiet host: a near tie, kept (either serves as well).
-    close = [timing("a", 9.0, 10.0, 11.0), timing("b", 10.5, 10.8, 12.0)]
-    tie = judge(close, "a", quiet, host_paced=True)
-    assert tie.settled and "near tie" in tie.reason and tie.lead < 0
-    assert not judge(close, "a", busy, host_paced=True).settled
-    # Only one choice timed: nothing to be unsure about.
-    assert judge([clear[0]], "a", busy, host_paced=True).settled
+    def look(self) -> None:
+        super().look()
+        self.looks += 1
+        if self.looks >= self._until:
+            self.looked_enough.set()
 
 
 # -- exact collective detection ---------------------------------------------------------------
@@ -462,37 +129,380 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def test_collectives_are_recognised_by_their_exact_names_only():
-    aten, fc = torch.ops.aten, torch.ops._c10d_functional
-    for op in (fc.all_reduce.default, fc.all_reduce, "_c10d_functional::all_gather_into_tensor"):
-        assert is_collective_op(op), op
-    assert is_collective_op(torch.ops.c10d.allreduce_.default)
-    assert is_collective_op("torch.ops.symm_mem.one_shot_all_reduce.default")
-    assert not is_collective_op(fc.wait_tensor.default)
-    assert not is_collective_op(aten.broadcast_to.default)
-    assert not is_collective_op(aten.broadcast_tensors.default)
-    # Words of a collective in a user's op name say nothing of communication.
-    for name in ("mylib::fused_all_reduce", "mylib.broadcast_weights.default"):
-        assert not is_collective_op(name), name
+class TestCollectiveOpTuningUnits(TestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        self.addCleanup(tmp.cleanup)
+        self.tmp_path = Path(tmp.name)
+
+    def test_ranges_are_tuned_coarse_to_fine_largest_first(self):
+        assert _bisection_order(1) == [0]
+        assert _bisection_order(2) == [1, 0]
+        assert _bisection_order(8) == [7, 0, 3, 1, 5, 2, 4, 6]
+        for n in range(1, 20):
+            assert sorted(_bisection_order(n)) == list(range(n))
+
+    def test_a_range_between_two_that_agree_takes_their_winner(self):
+        decided = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
+        assert interpolated(LADDER, "op_range_5_16", decided) == (
+            "a",
+            "the neighbouring sizes 1 and inf chose it too",
+        )
+        differ = {"op_range_1_1": "a", "op_range_65_inf": "b"}.get
+        assert interpolated(LADDER, "op_range_5_16", differ) is None
+        # The nearest decided neighbour counts, not the farthest.
+        nearest = {"op_range_1_1": "a", "op_range_2_4": "b", "op_range_65_inf": "b"}.get
+        assert interpolated(LADDER, "op_range_5_16", nearest)[0] == "b"
+        assert interpolated(LADDER, "op_range_1_1", decided) is None  # nothing below
+
+    def test_a_range_keeps_the_nearest_decided_winner_below_else_above(self):
+        assert tie_reference(LADDER, "op_range_1_1", {}.get) is None
+        assert tie_reference(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == ("x", "4")
+        below_and_above = {"op_range_1_1": "x", "op_range_65_inf": "y"}.get
+        assert tie_reference(LADDER, "op_range_5_16", below_and_above) == ("x", "1")
+        # The smallest range, timed after the largest, has only ranges above.
+        assert tie_reference(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == ("y", "inf")
+
+    def test_dispatch_branches_follow_sizes_and_merge_neighbours_only(self):
+        a = _Group("a", [_Bounds(1, 4), _Bounds(65, math.inf)])
+        b = _Group("b", [_Bounds(5, 16), _Bounds(17, 64)])
+        branches = _branches([a, b])
+        # a up to 4, b up to 64 (two neighbouring ranges merged), a again above.
+        assert [(top, g.impl_name) for top, g in branches] == [(4, "a"), (64, "b"), (math.inf, "a")]
+
+    # -- sampling ----------------------------------------------------------------------
+
+    def test_prune_drops_only_the_clearly_slower_and_stops_on_a_tie(self):
+        names = ["lead", "close", "slow", "kept"]
+        candidates = [type("C", (), {"name": n}) for n in names]
+        low, mid, high = [9.0, 9.5, 15.0, 30.0], [10.0, 10.1, 16.0, 31.0], [11.0, 10.5, 17.0, 32.0]
+        live, settled = prune(
+            [0, 1, 2, 3], low, mid, high, {3}, rounds=3, min_rounds=3, candidates=candidates
+        )
+        assert live == [0, 1, 3] and not settled  # "slow" dropped; "kept" kept; a tie needs 6 rounds
+        live, settled = prune(
+            [0, 1, 3], low, mid, high, {3}, rounds=6, min_rounds=3, candidates=candidates
+        )
+        assert live == [0, 1, 3] and settled  # "close" within 2% of the leader
+
+    def test_a_screen_status_reads_the_same_from_every_ranks_verdicts(self):
+        ok, wrong = [float(Verdict.OK), 0.0, 5.0], [float(Verdict.WRONG_OUTPUT), 7.95, 5.0]
+        assert _status([ok, ok], "").status is ChoiceStatus.OK
+        assert _status([wrong, ok], "") == (
+            ChoiceStatus.REJECTED,
+            "rejected by group ranks [0] (group rank 0: rejected: output differs from the reference (max "
+            "abs error 7.95)), accepted by group ranks [1]: a result that differs between ranks suggests it "
+            "reads data before a collective completed",
+        )
+        wrote = [float(Verdict.WROTE_INPUT), 1.0, 5.0]
+        assert "writes into input 1, which the op does not declare it mutates" in _status(
+            [wrote, wrote], ""
+        ).reason
+        raised = [float(Verdict.RAISED), 0.0, math.inf]
+        assert _status([raised, raised], "raised on every rank: x") == (
+            ChoiceStatus.RAISED,
+            "raised on every rank: x",
+        )
+
+    def test_settings_are_validated_in_one_place(self):
+        good = BenchmarkSettings(20, 5, 30.0, 1000.0, 500.0, "auto", True, 16384, 4)
+        good.validate()
+        with self.assertRaisesRegex(ValueError, "collective_benchmark_nruns=0: an int >= 1"):
+            dataclasses.replace(good, nruns=0).validate()
+        with self.assertRaisesRegex(ValueError, "collective_autotune_dynamic_ratio=1: an int >= 2"):
+            dataclasses.replace(good, dynamic_ratio=1).validate()
+        with self.assertRaisesRegex(ValueError, "collective_benchmark_timeout=-1: seconds, > 0"):
+            dataclasses.replace(good, timeout=-1).validate()
+        assert set(good.knobs()) == {
+            "collective_benchmark_nruns",
+            "collective_benchmark_warmup",
+            "collective_benchmark_timeout",
+            "collective_benchmark_sample_us",
+            "collective_benchmark_graph_sample_us",
+            "collective_benchmark_mode",
+            "collective_autotune_dynamic",
+            "collective_autotune_dynamic_max",
+            "collective_autotune_dynamic_ratio",
+        }
+
+    def test_upstreams_own_collective_benchmarking_is_replaced_not_left_behind(self):
+        import inspect
+
+        from torch._inductor import utils
+        from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+        from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+        for gone in ("benchmark_collective_choice", "_run_collective_benchmark"):
+            assert not hasattr(AlgorithmSelectorCache, gone), gone
+        assert not hasattr(SubgraphChoiceCaller, "benchmark_collective")
+        assert not hasattr(utils, "is_collective_op") and not hasattr(utils, "COLLECTIVE_OPS")
+        # The flag routes a collective op at the entry point, and goes no further.
+        assert "is_collective" in inspect.signature(AlgorithmSelectorCache.__call__).parameters
+        for method in (
+            "benchmark",
+            "autotune",
+            "do_autotuning",
+            "benchmark_choices",
+            "make_benchmark_fn",
+        ):
+            parameters = inspect.signature(getattr(AlgorithmSelectorCache, method)).parameters
+            assert "is_collective" not in parameters, method
+
+    def test_reading_a_collectives_output_before_waiting_is_found(self):
+        fc = torch.ops._c10d_functional
+
+        def early(x):
+            out = fc.all_reduce(x, "sum", "0")
+            return out * 2  # before wait_tensor
+
+        def waited(x):
+            return fc.wait_tensor(fc.all_reduce(x, "sum", "0")) * 2
+
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        x = torch.randn(4)
+        assert (
+            "reads the output of _c10d_functional::all_reduce before wait_tensor"
+            in unwaited_collective(make_fx(early, tracing_mode="fake")(x))
+        )
+        assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
+
+    def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(self):
+        from torch._inductor.kernel.collective.waits import with_waits
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        fc = torch.ops._c10d_functional
+        x = torch.randn(4)
+
+        def scaled(x):  # upstream's "avg times world size": reads before waiting
+            out = fc.all_reduce_(x.clone(), "avg", "0")
+            return out * 2
+
+        def returned(x):  # upstream's "sum": returns the output unwaited
+            return fc.all_reduce_(x.clone(), "sum", "0")
+
+        for fn, expected in [
+            (scaled, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
+                      "_c10d_functional.wait_tensor.default", "aten.mul.Tensor"]),
+            (returned, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
+                        "_c10d_functional.wait_tensor.default"]),
+        ]:
+            unwaited = make_fx(fn, tracing_mode="fake")(x)
+            assert unwaited_collective(unwaited) != "", fn.__name__
+            gm = make_fx(with_waits(fn, None), tracing_mode="fake")(x)
+            assert _targets(gm) == expected, (fn.__name__, _targets(gm))
+            assert unwaited_collective(gm) == "", fn.__name__
+
+    def test_an_implementation_that_waits_is_traced_as_written(self):
+        from torch._inductor.kernel.collective.waits import with_waits
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        fc = torch.ops._c10d_functional
+
+        def overlapped(x, w):  # the wait comes after independent work: kept there
+            out = fc.all_reduce(x, "sum", "0")
+            y = w @ w
+            return fc.wait_tensor(out) + y
+
+        args = (torch.randn(4, 4), torch.randn(4, 4))
+        plain = make_fx(overlapped, tracing_mode="fake")(*args)
+        waited = make_fx(with_waits(overlapped, None), tracing_mode="fake")(*args)
+        assert waited.code == plain.code
+
+    # -- agreeing ----------------------------------------------------------------------
+
+    def test_failures_read_the_same_on_every_rank(self):
+        per_rank = [{"a": "boom"}, {"a": "boom", "b": "no symmetric memory"}, {}]
+        assert _failures(per_rank) == {
+            "a": "group ranks [0, 1]: boom",
+            "b": "group rank 1: no symmetric memory",
+        }
+
+    def test_settings_that_differ_are_named_by_variable(self):
+        same = {"collective_benchmark_warmup": 5, "collective_benchmark_mode": "auto"}
+        assert _differing_settings([same, same]) == ""
+        other = {**same, "collective_benchmark_warmup": 6}
+        why = _differing_settings([same, other, same])
+        assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_WARMUP" in why
+        assert "5 on group ranks [0, 2], 6 on group ranks [1]" in why
+        decision = _decide_graph([{"settings": same, "loaded": ""}, {"settings": other, "loaded": ""}])
+        assert decision.kind == DecisionKind.MISMATCH
+
+    def test_a_cached_graph_is_loaded_only_where_every_rank_loaded_the_same(self):
+        settings = {"collective_benchmark_warmup": 5}
+        assert _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind == DecisionKind.LOAD
+        mixed = _decide_graph(
+            [{"settings": settings, "loaded": "g"}, {"settings": settings, "loaded": ""}]
+        )
+        assert mixed.kind == DecisionKind.COMPILE and "group ranks [0] hit their caches" in mixed.reason
+
+    def test_decisions_round_trip_through_their_encodings(self):
+        decision = Decision(DecisionKind.FALLBACK, "late")
+        assert Decision.decode(decision.encode().encode()) == decision
+        assert GroupChoice.decode(GroupChoice("x", provisional=True).encode()) == GroupChoice("x", True)
+
+    def test_code_identity_follows_the_code_not_the_name(self):
+        assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
+        assert code_identity(_factory(2.0)) != code_identity(_factory(3.0))  # a value closed over
+        assert code_identity(_factory(2.0, lambda y: y + 1)) != code_identity(
+            _factory(2.0, lambda y: y - 1)
+        )
+
+        def a(x):
+            return x + 1
+
+        def b(x):
+            return x + 2
+
+        b.__name__ = b.__qualname__ = a.__qualname__
+        assert code_identity(a) != code_identity(b)  # same name, other code
+
+    # -- decisions on disk -------------------------------------------------------------
+
+    def test_a_stored_decision_is_read_back_and_anything_else_is_a_miss(self):
+        store = DecisionStore(self.tmp_path)
+        env = {"group_size": 2}
+        decision = StoredDecision("key", env, "winner", {"winner": 5.0})
+        store.save(decision)
+        assert store.load("key", env) == decision
+        assert store.load("key", {"group_size": 4}) is None  # another environment
+        assert store.load("other", env) is None
+        (path,) = self.tmp_path.glob("*.json")
+        path.write_text("{not json")
+        assert store.load("key", env) is None
+        path.write_text(json.dumps({"format": 0, **dataclasses.asdict(decision)}))
+        assert store.load("key", env) is None  # an older format
+
+    def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome(self):
+        store = dist.HashStore()
+        members = [_participant(store, r, 5.0) for r in range(3)]
+        sessions = [CollectiveSession(m, "g", "s", r, [0, 1, 2], 5.0) for r, m in enumerate(members)]
+        results: dict[int, list[str]] = {}
+        threads = [
+            threading.Thread(target=lambda r=r: results.__setitem__(r, sessions[r].vote("t", f"o{r}")))
+            for r in range(3)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert all(results[r] == ["o0", "o1", "o2"] for r in range(3))
+        assert [m.client.requests for m in members] == [4, 4, 4]
+
+    def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at_once(self):
+        store = dist.HashStore()
+        waiter, worker = _participant(store, 0, 0.4), _participant(store, 1, 0.4)
+        silence = Silence(waiter, "g", [0, 1], 0.4)
+        assert not wait_until(waiter, ["never"], silence)
+        # It ended because its deadline passed, not before: silence counts from its first look.
+        assert silence.expired() and waiter.waited_s >= silence.seconds
+
+        # A working peer keeps the wait alive for as long as it works: here until the waiter
+        # looked more often than a silent group lets it (after its first look, one per look
+        # interval until the silence ends).
+        silent_looks = 1 + math.ceil(silence.seconds / look_interval(silence.seconds))
+        kept_alive = CountingSilence(waiter, "g", [0, 1], 0.4, until=2 * silent_looks)
+
+        def work() -> None:
+            with worker.liveness.working("working on purpose"):
+                kept_alive.looked_enough.wait(60)
+            worker.client.set("done", "1")
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        assert wait_until(waiter, ["done"], kept_alive)
+        thread.join()
+        assert kept_alive.looked_enough.is_set()
+        worker.client.add("ns/g/progress", ABORTED)
+        worker.client.set("ns/g/abort", "group rank 1: gone")
+        with self.assertRaisesRegex(CollectiveAutotuneError, "stopped on every rank of the group: group rank 1: gone"):
+            wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
+
+    def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decision(self):
+        store = dist.HashStore()
+        member = _participant(store, 0, 0.4)
+        decide = lambda joins: Decision(DecisionKind.COMPILE, "tune")  # noqa: E731
+        fallback = lambda why: Decision(DecisionKind.FALLBACK, why)  # noqa: E731
+        first = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+        requests = member.client.requests
+        again = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+        assert again == first and member.client.requests == requests  # read from what it knows
+        # The same plan on another group is another session: joined, decided there.
+        other = CollectiveSession(member, "h", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+        assert other == first and member.client.requests > requests
+        # A session that ended in an error has no decision: a later graph says so at once
+        # instead of waiting on the Store for one.
+        member.client.add("ns/a/progress", ABORTED)
+        member.client.set("ns/a/abort", "group rank 1: gone")
+        with self.assertRaisesRegex(CollectiveAutotuneError, "group rank 1: gone"):
+            CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
+        requests = member.client.requests
+        with self.assertRaisesRegex(CollectiveAutotuneError, "ended without a decision"):
+            CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
+        assert member.client.requests - requests <= 1, "it waited on the Store for a decision"
+
+    # -- how far a benchmark's readings can be trusted ---------------------------------
+
+    def test_a_pick_is_settled_only_where_the_host_was_quiet(self):
+        from torch._inductor.runtime.collective_benchmarking import ChoiceStatus, ChoiceTiming
+        from torch._inductor.runtime.collective_confidence import CONTENTION_LIMIT, judge
+
+        def timing(name, low, mid, high):
+            return ChoiceTiming(name, mid, mid, 1, ChoiceStatus.OK, low_us=low, high_us=high)
+
+        clear = [timing("a", 9.0, 10.0, 10.5), timing("b", 12.0, 13.0, 14.0), timing("c", 30, 31, 32)]
+        quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
+        settled = judge(clear, "a", quiet, host_paced=True)
+        assert settled.settled and settled.runner_up == "b"
+        assert abs(settled.lead - (12.0 / 10.5 - 1)) < 1e-9
+        # The same readings on a busy host: not trusted where the host paced the samples
+        # (eager), trusted where it did not (CUDA-graph replays).
+        assert not judge(clear, "a", busy, host_paced=True).settled
+        assert "busy" in judge(clear, "a", busy, host_paced=True).reason
+        assert judge(clear, "a", busy, host_paced=False).settled
+        # Overlapping quartiles on a quiet host: a near tie, kept (either serves as well).
+        close = [timing("a", 9.0, 10.0, 11.0), timing("b", 10.5, 10.8, 12.0)]
+        tie = judge(close, "a", quiet, host_paced=True)
+        assert tie.settled and "near tie" in tie.reason and tie.lead < 0
+        assert not judge(close, "a", busy, host_paced=True).settled
+        # Only one choice timed: nothing to be unsure about.
+        assert judge([clear[0]], "a", busy, host_paced=True).settled
+
+    def test_collectives_are_recognised_by_their_exact_names_only(self):
+        aten, fc = torch.ops.aten, torch.ops._c10d_functional
+        for op in (fc.all_reduce.default, fc.all_reduce, "_c10d_functional::all_gather_into_tensor"):
+            assert is_collective_op(op), op
+        assert is_collective_op(torch.ops.c10d.allreduce_.default)
+        assert is_collective_op("torch.ops.symm_mem.one_shot_all_reduce.default")
+        assert not is_collective_op(fc.wait_tensor.default)
+        assert not is_collective_op(aten.broadcast_to.default)
+        assert not is_collective_op(aten.broadcast_tensors.default)
+        # Words of a collective in a user's op name say nothing of communication.
+        for name in ("mylib::fused_all_reduce", "mylib.broadcast_weights.default"):
+            assert not is_collective_op(name), name
+
+    def test_an_op_named_like_a_collective_that_does_not_communicate_is_none(self):
+        from torch._inductor.kernel.collective.detection import (
+            collective_calls,
+            names_a_collective,
+        )
+
+        op = torch.ops.cat_units.broadcast_weights.default
+        assert not is_collective_op(op) and not names_a_collective(op)
+        # Its implementation calls no collective: nothing makes it one.
+        gm = torch.fx.experimental.proxy_tensor.make_fx(_broadcast_weights)(torch.ones(2, 3))
+        assert collective_calls(gm) == []
+        # An implementation that calls a functional collective is one.
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        reduced = graph.call_function(
+            torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
+        )
+        graph.output(graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,)))
+        calls = collective_calls(torch.fx.GraphModule(torch.nn.Module(), graph))
+        assert [n.target for n in calls] == [torch.ops._c10d_functional.all_reduce.default]
 
 
-def test_an_op_named_like_a_collective_that_does_not_communicate_is_none():
-    from torch._inductor.kernel.collective.detection import (
-        collective_calls,
-        names_a_collective,
-    )
-
-    op = torch.ops.cat_units.broadcast_weights.default
-    assert not is_collective_op(op) and not names_a_collective(op)
-    # Its implementation calls no collective: nothing makes it one.
-    gm = torch.fx.experimental.proxy_tensor.make_fx(_broadcast_weights)(torch.ones(2, 3))
-    assert collective_calls(gm) == []
-    # An implementation that calls a functional collective is one.
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    reduced = graph.call_function(
-        torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
-    )
-    graph.output(graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,)))
-    calls = collective_calls(torch.fx.GraphModule(torch.nn.Module(), graph))
-    assert [n.target for n in calls] == [torch.ops._c10d_functional.all_reduce.default]
+if __name__ == "__main__":
+    run_tests()
