@@ -9,7 +9,7 @@ the Store on its group (kernel/collective/graph_sessions.py), with sleeps standi
 building and benchmarking (no device collectives, no Inductor):
 
     the compile beats (Liveness.working, as Dynamo's compile callback does), then
-    JOIN/DECIDE        CollectiveSession.agree, one per graph and group
+    JOIN/DECIDE        StoreSession.agree, one per graph and group
     per key, K times:  a read of the group's decision before tracing
                        (GroupDecisions.get); for a benchmarked key the build (beating:
                        with nothing stored on disk a rank builds before it votes); the
@@ -34,8 +34,9 @@ of the timeout shows a waiting rank's request rate against the look interval, an
 microbenchmark measures the server's cost per request. Results go to ``--out`` as JSON,
 with the machine, the torch version and the code's git commit; a table is printed.
 
-The protocol module is the repository's own (torch/_inductor/runtime/collective_protocol.py):
-the installed torch's when tools/overlay.py linked it there, else loaded from the file.
+The protocol module is the repository's own (torch/distributed/_store_session.py, the
+generic Store session protocol that Inductor's collective_protocol builds on): the
+installed torch's when tools/overlay.py linked it there, else loaded from the file.
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ import torch.distributed as dist  # noqa: E402
 
 
 REPO = Path(__file__).resolve().parents[1]
-PROTOCOL_FILE = REPO / "torch" / "_inductor" / "runtime" / "collective_protocol.py"
-PROTOCOL_MODULE = "torch._inductor.runtime.collective_protocol"
+PROTOCOL_FILE = REPO / "torch" / "distributed" / "_store_session.py"
+PROTOCOL_MODULE = "torch.distributed._store_session"
 # The name the repository's file is loaded under when the installed torch does not have it.
-PRIVATE_MODULE = "_collective_protocol_under_test"
+PRIVATE_MODULE = "_store_session_under_test"
 HOST = "127.0.0.1"
 # Where the simulated sessions keep their keys (a fresh server per scenario).
 NAMESPACE = "collective_autotune/store_scale"
@@ -92,7 +93,7 @@ def load_protocol() -> ModuleType:
     Inductor's share one module. Otherwise (a pristine torch, which has no such module)
     load the file under a private name, leaving the installed torch untouched.
     """
-    installed = Path(torch.__file__).resolve().parent / "_inductor" / "runtime" / PROTOCOL_FILE.name
+    installed = Path(torch.__file__).resolve().parent / "distributed" / PROTOCOL_FILE.name
     if installed.exists() and os.path.samefile(installed, PROTOCOL_FILE):
         return importlib.import_module(PROTOCOL_MODULE)
     if PRIVATE_MODULE in sys.modules:
@@ -127,7 +128,7 @@ class Request:
 
 def message_of(op: str, key: str, amount: int | None) -> str:
     """The protocol message that a request on ``key`` belongs to, from the key's layout
-    (collective_protocol: ``<namespace>/<group>/session/<plan>/...``, ``.../progress``,
+    (_store_session: ``<namespace>/<group>/session/<plan>/...``, ``.../progress``,
     ``.../decided/<scope>/<key>``, ``<namespace>/doing/<rank>``)."""
     if "/vote/" in key:
         topic = key.rsplit("/", 1)[0]
@@ -260,14 +261,11 @@ class RankRun:
 SETTINGS = {"collective_benchmark_timeout": 30.0, "collective_benchmark_nruns": 20}
 
 
-def _report(key: str, decided: str) -> str:
+def _report(key: str, decided: str | None) -> dict:
     """A site report of the size the real one has (kernel/collective/graph_sessions.py:SiteReport)."""
     labels = ["default", "one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot"]
-    return json.dumps(
-        {"key": key, "choices": labels, "decided": decided, "stored": "", "stored_winner": "",
-         "failed": {}},
-        sort_keys=True,
-    )
+    return {"key": key, "choices": labels, "decided": decided, "stored": None, "stored_winner": None,
+            "failed": {}}
 
 
 def compile_graph(
@@ -283,15 +281,15 @@ def compile_graph(
     with liveness.working("compiling graph 0"):
         if run.late:
             time.sleep(sc.late_s)
-        session = protocol.CollectiveSession(
+        session = protocol.StoreSession(
             member, group, "plan0", group_rank, members, sc.timeout
         )
         decision = session.agree(
             {"loaded": "", "settings": SETTINGS},
-            decide=lambda joins: protocol.Decision(protocol.DecisionKind.COMPILE, "compile"),
-            fallback=lambda why: protocol.Decision(protocol.DecisionKind.FALLBACK, why),
+            decide=lambda joins: {"kind": "compile", "reason": "compile"},
+            fallback=lambda why: {"kind": "fallback", "reason": why},
         )
-        if decision.kind != protocol.DecisionKind.COMPILE:
+        if decision["kind"] != "compile":
             raise RuntimeError(f"rank {run.rank}: the session decided {decision}")
         decisions = protocol.GroupDecisions(member, group, members, "scope0", sc.timeout)
         for k in range(sc.keys):
@@ -303,7 +301,7 @@ def compile_graph(
             if k < sc.benchmarked:
                 with liveness.working(f"compiling the choices of site/{key}"):
                     time.sleep(stand_ins.build_s)
-            session.vote(f"site/{key}", _report(key, decisions.known(key) or ""))
+            session.vote(f"site/{key}", _report(key, decisions.known(key)))
             if k < sc.benchmarked:
                 # collective_benchmarking's _running: says what it does, does not beat.
                 with liveness.working(f"benchmarking the choices of {key}", beat=False):
@@ -317,7 +315,7 @@ def _group_name(sc: Scenario, group: int) -> str:
 
 def _member_groups(sc: Scenario, group: int) -> list[str]:
     """The groups this rank beats into: its group, and the world where that is another
-    group (collective_protocol._member_groups: every group of more than one rank)."""
+    group (_store_session.member_groups: every group of more than one rank)."""
     return sorted({_group_name(sc, group), "world"})
 
 
@@ -401,7 +399,7 @@ def _wait_for_heartbeats(seconds: float) -> None:
     that the next scenario starts on a quiet machine."""
     deadline = time.monotonic() + seconds
     for t in threading.enumerate():
-        if t.name == "collective-autotune-heartbeat":
+        if t.name.endswith("-heartbeat"):
             t.join(max(0.0, deadline - time.monotonic()))
 
 

@@ -261,7 +261,8 @@ def _wait_until_peers_wait(patience_s: float = 60.0) -> None:
     not moved for a look interval (and a second): every peer waits for this rank, and
     this rank's heartbeat, which says what it does once a look, has said it."""
     from torch._inductor import config
-    from torch._inductor.runtime.collective_protocol import look_interval, participant, progress_key
+    from torch._inductor.runtime.collective_protocol import participant
+    from torch.distributed._store_session import look_interval, progress_key
 
     member = participant(config.collective_benchmark_timeout)
     quiet_s = max(1.0, look_interval(config.collective_benchmark_timeout) + 0.25)

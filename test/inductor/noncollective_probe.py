@@ -503,7 +503,13 @@ def main(argv: list[str]) -> int:
     collective = sorted(
         m
         for m in sys.modules
-        if m.startswith(("torch._inductor.kernel.collective.", "torch._inductor.runtime.collective_"))
+        if m.startswith(
+            (
+                "torch._inductor.kernel.collective.",
+                "torch._inductor.runtime.collective_",
+                "torch.distributed._store_session",
+            )
+        )
     )
     if PRISTINE:
         # Upstream exactly: the overlay's modules are linked in, and nothing reached them.

@@ -239,6 +239,7 @@ def _store_requests() -> int:
 
 def non_collective_body(r: Rank) -> dict:
     from torch._inductor.runtime import collective_protocol
+    from torch.distributed import _store_session
 
     ops.register_standard_ops()
     counters.clear()
@@ -256,8 +257,8 @@ def non_collective_body(r: Rank) -> dict:
     member = collective_protocol._participant
     # A compile in a distributed job beats (a peer may wait in a session for this rank's
     # next graph): one "doing" write and one progress add per group each look, nothing else.
-    looks = math.ceil(elapsed / collective_protocol.look_interval(member.client.timeout)) + 1
-    per_look = 1 + len(collective_protocol._member_groups())
+    looks = math.ceil(elapsed / _store_session.look_interval(member.client.timeout)) + 1
+    per_look = 1 + len(_store_session.member_groups())
     return {
         "records": len(records),
         "sessions_joined": len(member.joined) - joined_before,

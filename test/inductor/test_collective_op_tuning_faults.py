@@ -406,7 +406,7 @@ def test_a_vote_waits_for_a_working_peer_and_not_for_a_silent_one(works):
         assert "late: group ranks [1] did not report and were silent for 1 s" in early["error"]
         # Under torchrun, rank 1 beat in earlier tests: then it says where, long ago.
         assert "group rank 1 never reported progress" in early["error"] or "group rank 1 was last heard" in early["error"]
-        from torch._inductor.runtime.collective_protocol import look_interval
+        from torch.distributed._store_session import look_interval
 
         assert early["s"] < 1.0 + look_interval(1.0) + 0.25
 
@@ -462,7 +462,7 @@ def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout
     # Nothing stored: the ranks build the site's choices before its one vote, which waits.
     assert "CollectiveAutotuneError: site/" in error and ": group ranks [1] did not report" in error, error
     assert "group rank 1 was last heard" in error and "compiling the choices of site/" in error, error
-    from torch._inductor.runtime.collective_protocol import look_interval
+    from torch.distributed._store_session import look_interval
 
     # Within the timeout and one look interval of silence (see the docs' fault table).
     assert survivor.value["failed_at"] - float(death.read_text()) < TIMEOUT_S + look_interval(TIMEOUT_S) + 2.0

@@ -15,6 +15,8 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch._inductor.kernel.collective", "torch._inductor.runtime")
+# Modules outside those packages: the generic Store session protocol, beside c10d.
+MODULES = ("torch.distributed._store_session",)
 
 
 def _modules() -> dict[str, Path]:
@@ -25,6 +27,8 @@ def _modules() -> dict[str, Path]:
         pattern = "collective_*.py" if package.endswith("runtime") else "[!_]*.py"
         for path in sorted(folder.glob(pattern)):
             found[f"{package}.{path.stem}"] = path
+    for module in MODULES:
+        found[module] = REPO.joinpath(*module.split(".")).with_suffix(".py")
     return found
 
 
@@ -91,6 +95,14 @@ class TestCollectiveImportLayering(TestCase):
         assert "torch._inductor.runtime.collective_protocol" in graph[
             "torch._inductor.runtime.collective_benchmarking"
         ]  # a relative import
+
+    def test_the_store_session_protocol_imports_nothing_of_inductor(self):
+        name = "torch.distributed._store_session"
+        path = _modules()[name]
+        imported = _imported(name, ast.parse(path.read_text(), str(path)))
+        assert not [m for m in imported if m.startswith("torch._inductor")], imported
+        protocol = import_graph()["torch._inductor.runtime.collective_protocol"]
+        assert name in protocol
 
     def test_collective_modules_import_one_way(self):
         assert find_circle(import_graph()) == []

@@ -54,9 +54,9 @@ from torch._inductor.runtime.collective_protocol import (
     CollectiveSession,
     Decision,
     DecisionKind,
-    GroupDecisions,
     participant,
 )
+from torch.distributed._store_session import GroupDecisions
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
