@@ -181,6 +181,48 @@ def uses_symmetric_memory(op: OpOverload | OpOverloadPacket | str) -> bool:
     return namespace == _SYMMETRIC_MEMORY_NAMESPACE
 
 
+# The switches of torch._inductor.config that BenchmarkSettings.from_config checks
+# besides the settings it holds.
+_SWITCHES = (
+    "collective_autotune",
+    "collective_autotune_persist",
+    "collective_autotune_retune",
+    "collective_autotune_range_graphs",
+)
+
+
+def _knob(knob: str, kind: type) -> Any:
+    """Knob ``knob`` of torch._inductor.config as a ``kind`` (bool, int, float, str).
+
+    A knob holds its TORCHINDUCTOR_* variable's value where the variable set it, as
+    torch.utils._config_module reads variables: "1" and "0" as True and False, any
+    other text as it is. That value is parsed here; text that does not parse raises
+    ValueError naming the variable. A value set in Python is returned as it is, for
+    BenchmarkSettings.validate to judge."""
+    import os
+
+    from torch._inductor import config
+
+    value = getattr(config, knob)
+    variable = f"TORCHINDUCTOR_{knob.upper()}"
+    text = os.environ.get(variable)
+    read = {"1": True, "0": False}.get(text, text) if text is not None else None
+    if text is None or type(value) is not type(read) or value != read:
+        return value  # not the variable's
+    if kind is str:
+        return text
+    if kind is bool:
+        if isinstance(read, bool):
+            return read
+        raise ValueError(f"{variable}={text!r} is not a valid bool (0 or 1)")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(
+            f"{variable}={text!r} is not a valid {kind.__name__}"
+        ) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings:
     """The collective autotuning knobs of torch._inductor.config, validated: every rank
@@ -198,18 +240,21 @@ class BenchmarkSettings:
 
     @staticmethod
     def from_config() -> BenchmarkSettings:
-        from torch._inductor import config
-
+        """The knobs of torch._inductor.config, those set from a TORCHINDUCTOR_*
+        variable parsed (see _knob), validated; raises ValueError naming the knob, or
+        the variable that does not parse."""
+        for switch in _SWITCHES:  # read by the hooks; checked here, once per op tuned
+            _knob(switch, bool)
         settings = BenchmarkSettings(
-            nruns=config.collective_benchmark_nruns,
-            warmup=config.collective_benchmark_warmup,
-            timeout=config.collective_benchmark_timeout,
-            sample_us=config.collective_benchmark_sample_us,
-            graph_sample_us=config.collective_benchmark_graph_sample_us,
-            mode=config.collective_benchmark_mode,
-            dynamic=config.collective_autotune_dynamic,
-            dynamic_max=config.collective_autotune_dynamic_max,
-            dynamic_ratio=config.collective_autotune_dynamic_ratio,
+            nruns=_knob("collective_benchmark_nruns", int),
+            warmup=_knob("collective_benchmark_warmup", int),
+            timeout=_knob("collective_benchmark_timeout", float),
+            sample_us=_knob("collective_benchmark_sample_us", float),
+            graph_sample_us=_knob("collective_benchmark_graph_sample_us", float),
+            mode=_knob("collective_benchmark_mode", str),
+            dynamic=_knob("collective_autotune_dynamic", bool),
+            dynamic_max=_knob("collective_autotune_dynamic_max", int),
+            dynamic_ratio=_knob("collective_autotune_dynamic_ratio", int),
         )
         settings.validate()
         return settings
