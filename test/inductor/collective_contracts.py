@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+import types
 from datetime import timedelta
 from typing import Any, Callable, Iterator
 from unittest import mock
@@ -96,23 +97,6 @@ def has(path: str, *parameters: str) -> Callable[[], None]:
                 raise ContractBroken(f"{path} no longer takes {missing}; it takes {list(accepted)}")
 
     return check
-
-
-def without(path: str) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    """What a removal of ``path`` upstream would leave."""
-    owner, attr = path.rsplit(".", 1)
-
-    @contextlib.contextmanager
-    def broken() -> Iterator[None]:
-        target = resolve(owner)
-        saved = target.__dict__[attr] if attr in getattr(target, "__dict__", {}) else getattr(target, attr)
-        delattr(target, attr)
-        try:
-            yield
-        finally:
-            setattr(target, attr, saved)
-
-    return broken
 
 
 def replaced(path: str, value: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
@@ -584,19 +568,6 @@ def break_store_waits() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(dist, "DistStoreError", type("Other", (Exception,), {}))
 
 
-def check_python_kernel_of_custom_ops() -> None:
-    """A torch.library.custom_op keeps its Python function (OPDEFS[name]._init_fn): the
-    code identity of the op's own implementation digests it."""
-    from torch._inductor.kernel.collective.choices import _python_kernel
-
-    @torch.library.custom_op("collective_contract::kernel", mutates_args=())
-    def kernel(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    if _python_kernel("collective_contract::kernel") is not kernel._init_fn:
-        raise ContractBroken("the Python function of a custom op is no longer found")
-
-
 def check_one_pointwise_config_without_autotuning() -> None:
     """With config.triton.autotune_pointwise off, a 1-D pointwise kernel has one
     launch config (nothing to time at its first launch); with it on, several."""
@@ -633,6 +604,846 @@ def break_autotune_pointwise() -> contextlib.AbstractContextManager[Any]:
         return original(*args, inductor_meta={**(inductor_meta or {}), "autotune_pointwise": True}, **kwargs)
 
     return mock.patch.object(triton_heuristics, "pointwise", pointwise)
+
+
+# -- upstream internals, checked by what they do on a tiny input ----------------------
+
+
+def check_python_kernel_of_custom_ops() -> None:
+    """A torch.library.custom_op keeps the very function it was made from
+    (OPDEFS[name]._init_fn): the code identity of the op's own implementation
+    digests it."""
+    from torch._inductor.kernel.collective.choices import _python_kernel
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    torch.library.custom_op("collective_contract::kernel", mutates_args=())(kernel)
+    if _python_kernel("collective_contract::kernel") is not kernel:
+        raise ContractBroken("the Python function of a custom op is no longer found")
+
+
+def break_python_kernels() -> contextlib.AbstractContextManager[Any]:
+    from torch._library.custom_ops import CustomOpDef
+
+    original = CustomOpDef.__init__
+
+    # A custom op keeps a wrapper of its function (one code for every op).
+    def init(
+        self: Any, namespace: str, name: str, schema: str, fn: Any, *a: Any, **k: Any
+    ):
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        original(self, namespace, name, schema, wrapper, *a, **k)
+
+    return mock.patch.object(CustomOpDef, "__init__", init)
+
+
+def check_config_fields() -> None:
+    """CustomOpConfig(decomposition, **params) keeps .decomposition and .params."""
+    from torch._inductor.kernel.custom_op import CustomOpConfig
+
+    config = CustomOpConfig(lambda x: x, scale=2)
+    if not (callable(config.decomposition) and config.params == {"scale": 2}):
+        raise ContractBroken(
+            "CustomOpConfig no longer keeps .decomposition and .params"
+        )
+
+
+def break_config_fields() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel.custom_op import CustomOpConfig
+
+    original = CustomOpConfig.__init__
+
+    # .params kept as sorted items (hashable, for a cache key).
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.params = tuple(sorted(self.params.items()))
+
+    return mock.patch.object(CustomOpConfig, "__init__", init)
+
+
+_MERGE = "torch._inductor.kernel.custom_op._merge_config_and_runtime_kwargs"
+
+
+def check_merged_kwargs() -> None:
+    """_merge_config_and_runtime_kwargs(config_params, runtime_kwargs) gives the call's
+    keyword arguments: both dicts in one (which wins a clash differs by minor)."""
+    has(_MERGE, "config_params", "runtime_kwargs")()
+    merged = resolve(_MERGE)({"chunks": 2}, {"group_name": "g"})
+    if merged != {"chunks": 2, "group_name": "g"}:
+        raise ContractBroken(
+            f"merging {{'chunks': 2}} and {{'group_name': 'g'}} gave {merged}"
+        )
+
+
+def check_range_impl_groups() -> None:
+    """RangeImplGroup(ImplConfig(impl_name, impl_func, kwargs)) gives them back as
+    impl_name, impl_func and impl_kwargs, and its ranges (RangeBounds) in size order."""
+    from torch._inductor.kernel.custom_op import ImplConfig, RangeBounds, RangeImplGroup
+
+    def impl(x: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+        return x
+
+    group = RangeImplGroup(
+        ImplConfig(impl_name="chunked", impl_func=impl, kwargs={"chunks": 2})
+    )
+    group.add_range(RangeBounds(65, float("inf")))
+    group.add_range(RangeBounds(1, 16))
+    got = (group.impl_name, group.impl_func, group.impl_kwargs)
+    if got != ("chunked", impl, {"chunks": 2}):
+        raise ContractBroken(
+            f"a RangeImplGroup gives (impl_name, impl_func, impl_kwargs) {got}"
+        )
+    if [(r.start, r.end) for r in group.ranges] != [(1, 16), (65, float("inf"))]:
+        raise ContractBroken(f"a RangeImplGroup's ranges read {group.ranges}")
+
+
+def break_range_impl_groups() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel.custom_op import RangeImplGroup
+
+    # The implementation comes with its kwargs bound; impl_kwargs is empty.
+    def bound(group: Any) -> Any:
+        return functools.partial(
+            group.impl_config.impl_func, **group.impl_config.kwargs
+        )
+
+    return mock.patch.multiple(
+        RangeImplGroup,
+        impl_func=property(bound),
+        impl_kwargs=property(lambda group: {}),
+    )
+
+
+def break_range_based_lowering() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel import custom_op
+
+    original = custom_op._range_based_lowering_fn
+
+    # range_upper_bound renamed (and keyword-only).
+    def _range_based_lowering_fn(*args: Any, upper_bound: int, **kwargs: Any) -> Any:
+        return original(*args, range_upper_bound=upper_bound, **kwargs)
+
+    return mock.patch.object(
+        custom_op, "_range_based_lowering_fn", _range_based_lowering_fn
+    )
+
+
+_EXTERN_CHOICES = iter(range(1 << 30))
+
+
+def check_extern_kernel_choices() -> None:
+    """ExternKernelChoice(kernel, name=, has_out_variant=, op_overload=,
+    use_fallback_kernel=) keeps what it is given."""
+    from torch._inductor.select_algorithm import ExternKernelChoice
+
+    op = torch.ops.aten.neg.default
+    name = f"collective_contract_fallback_{next(_EXTERN_CHOICES)}"
+    choice = ExternKernelChoice(
+        op, name=name, has_out_variant=False, op_overload=op, use_fallback_kernel=True
+    )
+    got = (
+        choice.name,
+        choice.has_out_variant,
+        choice.op_overload,
+        choice.use_fallback_kernel,
+    )
+    if got != (name, False, op, True):
+        raise ContractBroken(
+            f"an ExternKernelChoice keeps (name, has_out_variant, "
+            f"op_overload, use_fallback_kernel) as {got}"
+        )
+    has(
+        "torch._inductor.select_algorithm.ExternKernelChoice",
+        "kernel",
+        "name",
+        "has_out_variant",
+        "op_overload",
+        "use_fallback_kernel",
+    )()
+
+
+def break_extern_kernel_choices() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import select_algorithm
+
+    class ExternKernelChoice(select_algorithm.ExternKernelChoice):  # type: ignore[misc]
+        # has_out_variant renamed.
+        def __init__(
+            self,
+            kernel: Any,
+            cpp_kernel: Any = None,
+            *,
+            name: Any = None,
+            out_variant: bool = True,
+            op_overload: Any = None,
+            use_fallback_kernel: bool = False,
+            kernel_creator: Any = None,
+        ) -> None:
+            super().__init__(
+                kernel,
+                cpp_kernel,
+                name=name,
+                has_out_variant=out_variant,
+                op_overload=op_overload,
+                use_fallback_kernel=use_fallback_kernel,
+                kernel_creator=kernel_creator,
+            )
+
+    return mock.patch.object(select_algorithm, "ExternKernelChoice", ExternKernelChoice)
+
+
+# What the lowering probe's lowering does: set by each check that lowers through it.
+_PROBE_LOWERINGS: list[Callable[[Any], Any]] = []
+
+
+@functools.cache
+def _lowering_probe() -> Any:
+    """A custom op (its eager kernel: a copy) lowered by _PROBE_LOWERINGS' last."""
+    from torch._inductor import lowering
+
+    @torch.library.custom_op("collective_contract::lowering_probe", mutates_args=())
+    def lowering_probe(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @lowering_probe.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    @lowering.register_lowering(torch.ops.collective_contract.lowering_probe.default)
+    def _lower(x: Any) -> Any:
+        return _PROBE_LOWERINGS[-1](x)
+
+    return lowering_probe
+
+
+def _lowered_through(lower: Callable[[Any], Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, what probe(x.relu()) + 1 compiled gives for it), x's first size dynamic and
+    the probe lowered by ``lower`` (given the probe's input, an IR node)."""
+    probe = _lowering_probe()
+    _PROBE_LOWERINGS.append(lower)
+    try:
+        with fresh_inductor():
+            x = torch.randn(6, 3)
+            torch._dynamo.mark_dynamic(x, 0)
+            return x, torch.compile(lambda t: probe(t.relu()) + 1, fullgraph=True)(x)
+    finally:
+        _PROBE_LOWERINGS.pop()
+
+
+def _traced(fn: Callable[..., Any], inputs: list[Any]) -> torch.fx.GraphModule:
+    """``fn`` traced on IR nodes ``inputs`` as the dispatch traces (make_fx, Inductor's
+    decompositions, symbolic sizes)."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.ir import ir_node_to_tensor
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with V.fake_mode:
+        return make_fx(
+            fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
+        )(*(ir_node_to_tensor(t) for t in inputs))
+
+
+_INLINE = "torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes"
+
+
+def check_subgraphs_inline() -> None:
+    """inline_subgraph_to_ir_nodes(gm, inputs, name), in a lowering, gives the IR node
+    of the traced graph ``gm`` applied to ``inputs``: the compiled code computes it."""
+    from torch._inductor import ir
+
+    has(_INLINE, "gm", "inputs", "name")()
+    returned: list[Any] = []
+
+    def lower(x: Any) -> Any:
+        returned.append(
+            resolve(_INLINE)(_traced(lambda t: t * 3, [x]), [x], "contract_probe")
+        )
+        return returned[-1] if isinstance(returned[-1], ir.TensorBox) else x
+
+    x, out = _lowered_through(lower)
+    if not isinstance(returned[0], ir.TensorBox):
+        raise ContractBroken(
+            f"inlining a graph of one output gave {type(returned[0]).__name__}"
+        )
+    if not torch.allclose(out, x.relu() * 3 + 1):
+        raise ContractBroken("the compiled code does not compute the inlined graph")
+
+
+def break_inline_subgraphs() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.codegen import subgraph
+
+    original = subgraph.inline_subgraph_to_ir_nodes
+
+    # Every output of the graph, as a list.
+    def inline_subgraph_to_ir_nodes(gm: Any, inputs: list[Any], name: str) -> Any:
+        out = original(gm, inputs, name)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    return mock.patch.object(
+        subgraph, "inline_subgraph_to_ir_nodes", inline_subgraph_to_ir_nodes
+    )
+
+
+def check_ir_nodes_to_tensors() -> None:
+    """ir_node_to_tensor gives a lowering's input as a fake tensor with its symbolic
+    sizes (the dispatch is traced for every size), and gm_original_output_strides
+    records a traced graph's output strides for its compile."""
+    from torch._inductor import lowering
+
+    seen: list[Any] = []
+
+    def lower(x: Any) -> Any:
+        from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
+        from torch._inductor.virtualized import V
+
+        with V.fake_mode:
+            seen.append(ir_node_to_tensor(x).shape)
+        gm = _traced(lambda t: t * 3, [x])
+        gm_original_output_strides(gm)
+        seen.append(
+            gm.graph.find_nodes(op="output")[0].meta.get("original_output_strides")
+        )
+        return lowering.mul(x, 1)
+
+    _lowered_through(lower)
+    shape, strides = seen
+    if not isinstance(shape[0], torch.SymInt) or shape[1] != 3:
+        raise ContractBroken(
+            f"a lowering's input of a dynamic size reads as shape {shape}"
+        )
+    if not strides or len(strides[0]) != 2:
+        raise ContractBroken(
+            f"the traced graph's output strides were recorded as {strides}"
+        )
+
+
+def break_ir_nodes_to_tensors() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import ir
+
+    original = ir.ir_node_to_tensor
+
+    # Sizes given by their hints (as with replace_symbols_with_hints=True).
+    def ir_node_to_tensor(x: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch._inductor.virtualized import V
+
+        tensor = original(x, *args, **kwargs)
+        return tensor.new_empty(V.graph.sizevars.optimization_hints(x.get_size()))
+
+    return mock.patch.object(ir, "ir_node_to_tensor", ir_node_to_tensor)
+
+
+def check_ir_classes() -> None:
+    """A lowering's input made by a pointwise op reads as TensorBox > StorageBox >
+    (ComputedBuffer >) Pointwise: the neighbours find a pointwise producer so."""
+    from torch._inductor import ir, lowering
+
+    has("torch._inductor.ir.ShapeAsConstantBuffer")()
+    chains: list[list[str]] = []
+
+    def lower(x: Any) -> Any:
+        chain, node = [], x
+        for cls in (ir.TensorBox, ir.StorageBox, ir.ComputedBuffer, ir.Pointwise):
+            if isinstance(node, cls):
+                chain.append(cls.__name__)
+                node = getattr(node, "data", None)
+        chains.append(chain)
+        return lowering.mul(x, 1)
+
+    _lowered_through(lower)
+    if chains[0] not in (
+        ["TensorBox", "StorageBox", "Pointwise"],
+        ["TensorBox", "StorageBox", "ComputedBuffer", "Pointwise"],
+    ):
+        raise ContractBroken(f"the input made by relu reads as {chains[0]}")
+
+
+def break_ir_classes() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import ir
+
+    # ir.Pointwise renamed, its old name an alias that makes the new class's nodes.
+    alias = type("Pointwise", (), {"create": staticmethod(ir.Pointwise.create)})
+    return mock.patch.object(ir, "Pointwise", alias)
+
+
+def check_fallback_handler() -> None:
+    """fallback_handler(op, add_to_fallback_set=False) lowers ``op`` as a call of its
+    eager kernel without adding ``op`` to Inductor's fallbacks."""
+    from torch._inductor import lowering
+
+    has("torch._inductor.lowering.fallback_handler", "add_to_fallback_set")()
+    op = torch.ops.collective_contract.lowering_probe.default
+    added: list[bool] = []
+
+    def lower(x: Any) -> Any:
+        out = lowering.fallback_handler(op, add_to_fallback_set=False)(x)
+        added.append(op in lowering.fallbacks)
+        lowering.fallbacks.discard(op)
+        return out
+
+    x, out = _lowered_through(lower)
+    if added != [False]:
+        raise ContractBroken(
+            "fallback_handler(op, add_to_fallback_set=False) added the op "
+            "to Inductor's fallbacks"
+        )
+    if not torch.allclose(out, x.relu() + 1):
+        raise ContractBroken("the op's fallback does not compute the op")
+
+
+def break_fallback_handler() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import lowering
+
+    original = lowering.fallback_handler
+
+    # add_to_fallback_set no longer honoured: every fallback is noted.
+    def fallback_handler(kernel: Any, add_to_fallback_set: bool = True) -> Any:
+        return original(kernel, add_to_fallback_set=True)
+
+    return mock.patch.object(lowering, "fallback_handler", fallback_handler)
+
+
+def check_traced_with_decompositions() -> None:
+    """make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")
+    traces Inductor's decompositions (hardswish to pointwise ops), at symbolic sizes."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    has(
+        "torch.fx.experimental.proxy_tensor.make_fx",
+        "f",
+        "decomposition_table",
+        "tracing_mode",
+    )()
+    gm = make_fx(
+        lambda t: torch.nn.functional.hardswish(t),
+        decomposition_table=select_decomp_table(),
+        tracing_mode="symbolic",
+    )(torch.randn(4, 3))
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    if torch.ops.aten.hardswish.default in targets:
+        raise ContractBroken("select_decomp_table() no longer decomposes hardswish")
+    shape = gm.graph.find_nodes(op="placeholder")[0].meta["val"].shape
+    if not isinstance(shape[0], torch.SymInt):
+        raise ContractBroken(f"a symbolic trace's input reads as shape {shape}")
+
+
+def check_python_dispatcher_is_disabled() -> None:
+    """no_python_dispatcher() turns the Python dispatcher off inside it."""
+    from torch._dispatch.python import enable_python_dispatcher, no_python_dispatcher
+
+    key = torch._C.DispatchKey.PythonDispatcher
+    with enable_python_dispatcher():
+        with no_python_dispatcher():
+            inside = torch._C._dispatch_tls_local_include_set().has(key)
+        outside = torch._C._dispatch_tls_local_include_set().has(key)
+    if inside or not outside:
+        raise ContractBroken(
+            f"the Python dispatcher is on: {inside} inside "
+            f"no_python_dispatcher(), {outside} around it"
+        )
+
+
+def check_atomic_writes() -> None:
+    """write_atomic(path, content, make_dirs=True) writes the file, and its folders."""
+    has("torch._inductor.codecache.write_atomic", "make_dirs")()
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, "decisions", "group", "site.json")
+        resolve("torch._inductor.codecache.write_atomic")(
+            path, '{"a": 1}', make_dirs=True
+        )
+        with open(path) as f:
+            if f.read() != '{"a": 1}':
+                raise ContractBroken("write_atomic wrote other content")
+
+
+def break_atomic_writes() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import codecache
+
+    original = codecache.write_atomic
+
+    # make_dirs no longer honoured: the caller makes the folders.
+    def write_atomic(
+        path_: str, content: Any, make_dirs: bool = False, **kwargs: Any
+    ) -> None:
+        original(path_, content, **kwargs)
+
+    return mock.patch.object(codecache, "write_atomic", write_atomic)
+
+
+def check_cache_dir() -> None:
+    """cache_dir() is the folder TORCHINDUCTOR_CACHE_DIR names."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    with (
+        tempfile.TemporaryDirectory() as root,
+        mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": root}),
+    ):
+        if cache_dir_utils.cache_dir() != os.path.abspath(root):
+            raise ContractBroken(
+                f"cache_dir() is {cache_dir_utils.cache_dir()}, not "
+                "TORCHINDUCTOR_CACHE_DIR"
+            )
+
+
+def break_cache_dir() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.runtime import cache_dir_utils
+
+    # TORCHINDUCTOR_CACHE_DIR no longer read.
+    return mock.patch.object(
+        cache_dir_utils, "cache_dir", cache_dir_utils.default_cache_dir
+    )
+
+
+def check_fresh_cache_clears() -> None:
+    """What clear_on_fresh_cache registers is cleared by fresh_cache()."""
+    from torch._inductor.utils import clear_on_fresh_cache, fresh_cache
+
+    state = [1]
+    clear_on_fresh_cache(types.SimpleNamespace(cache_clear=state.clear))
+    with fresh_cache():
+        pass
+    if state:
+        raise ContractBroken(
+            "fresh_cache() did not clear what clear_on_fresh_cache registered"
+        )
+
+
+def check_dynamo_timed() -> None:
+    """dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=) times its
+    block under ``key`` in Dynamo's compilation metrics."""
+    from torch._dynamo import utils
+
+    key = "collective_contract_timed"
+    utils.compilation_time_metrics.pop(key, None)
+    with utils.dynamo_timed(
+        key,
+        log_pt2_compile_event=True,
+        dynamo_compile_column_us="compile_time_autotune_time_us",
+    ):
+        pass
+    if len(utils.compilation_time_metrics.get(key, ())) != 1:
+        raise ContractBroken(
+            f"the block was not timed under its key: "
+            f"{utils.compilation_time_metrics.get(key)}"
+        )
+    has(
+        "torch._dynamo.utils.dynamo_timed",
+        "key",
+        "log_pt2_compile_event",
+        "dynamo_compile_column_us",
+    )()
+
+
+def break_dynamo_timed() -> contextlib.AbstractContextManager[Any]:
+    from torch._dynamo import utils
+
+    original = utils.dynamo_timed
+
+    # dynamo_compile_column_us renamed.
+    def dynamo_timed(
+        key: str,
+        phase_name: Any = None,
+        log_pt2_compile_event: bool = False,
+        metadata: Any = None,
+        dynamo_compile_column: Any = None,
+    ) -> Any:
+        return original(
+            key,
+            phase_name,
+            log_pt2_compile_event,
+            metadata,
+            dynamo_compile_column_us=dynamo_compile_column,
+        )
+
+    return mock.patch.object(utils, "dynamo_timed", dynamo_timed)
+
+
+def check_trace_structured() -> None:
+    """trace_structured(name, metadata_fn=, payload_fn=) logs the metadata and the
+    payload to the structured trace (what tlparse reads)."""
+    import logging
+
+    from torch._logging._internal import trace_log
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    trace_log.addHandler(handler)
+    try:
+        torch._logging.trace_structured(
+            "artifact",
+            metadata_fn=lambda: {"name": "collective_contract", "encoding": "json"},
+            payload_fn=lambda: '{"winner": "a"}',
+        )
+    finally:
+        trace_log.removeHandler(handler)
+    logged = [
+        (r.metadata["artifact"], getattr(r, "payload", None))  # type: ignore
+        for r in records
+        if "artifact" in getattr(r, "metadata", {})
+    ]
+    if logged != [
+        ({"name": "collective_contract", "encoding": "json"}, '{"winner": "a"}')
+    ]:
+        raise ContractBroken(f"the structured trace logged {logged}")
+    has("torch._logging.trace_structured", "name", "metadata_fn", "payload_fn")()
+
+
+def break_trace_structured() -> contextlib.AbstractContextManager[Any]:
+    from torch import _logging
+
+    original = _logging.trace_structured
+
+    # The payload is no longer asked for (metadata only).
+    def trace_structured(name: str, metadata_fn: Any = dict, **kwargs: Any) -> None:
+        original(name, metadata_fn)
+
+    return mock.patch.object(_logging, "trace_structured", trace_structured)
+
+
+def check_dont_skip_tracing() -> None:
+    """dont_skip_tracing(fn) makes Dynamo trace ``fn`` though it is a file of torch's
+    own, which Dynamo skips: a dispatch's branches are such functions."""
+    source = "def branch(t):\n    return t * 2\n"
+    where = os.path.join(
+        os.path.dirname(torch.__file__), "_inductor", "contract_probe.py"
+    )
+    namespace: dict[str, Any] = {}
+    exec(compile(source, where, "exec"), namespace)  # noqa: S102 - as torch's own
+    branch = torch._dynamo.dont_skip_tracing(namespace["branch"])
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(lambda x: branch(x) + 1, fullgraph=True, backend="eager")(
+            torch.ones(3)
+        )
+    finally:
+        torch._dynamo.reset()
+    if not torch.equal(out, torch.full((3,), 3.0)):
+        raise ContractBroken(f"the traced function computed {out}")
+
+
+def check_range_graph_tells() -> None:
+    """What range graphs read to tell where a range cannot be guarded says so:
+    statically_known_leq/gt, free_unbacked_symbols, TracingContext.try_get() (None
+    outside Dynamo), torch.compiler.is_exporting(), the stance set_stance() sets,
+    error_on_recompile and recompile_limit, and GraphLowering's is_backward."""
+    import sympy
+    from torch._dynamo import config as dynamo_config, eval_frame
+    from torch._guards import TracingContext
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, ShapeEnv
+
+    has("torch._inductor.graph.GraphLowering.__init__", "is_backward")()
+    env = ShapeEnv()
+    sizes = SizeVarAllocator(env)
+    if not (
+        sizes.statically_known_leq(sympy.Integer(8), 16)
+        and sizes.statically_known_gt(sympy.Integer(32), 16)
+        and not sizes.statically_known_leq(sympy.Integer(32), 16)
+    ):
+        raise ContractBroken("statically_known_leq/gt misjudge 8 <= 16 and 32 > 16")
+    backed = env.create_symintnode(env.create_symbol(8, source=_source()), hint=8)
+    if free_unbacked_symbols(backed) or not free_unbacked_symbols(
+        env.create_unbacked_symint()
+    ):
+        raise ContractBroken("free_unbacked_symbols no longer tells an unbacked size")
+    contexts: list[Any] = []
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        contexts.append(TracingContext.try_get())
+        return gm
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda x: x * 5, backend=backend)(torch.ones(2))
+    finally:
+        torch._dynamo.reset()
+    if TracingContext.try_get() is not None or contexts[:1] == [None] or not contexts:
+        raise ContractBroken(
+            f"TracingContext.try_get() is {TracingContext.try_get()} "
+            f"outside Dynamo, {contexts} inside"
+        )
+    with torch.compiler.set_stance("fail_on_recompile"):
+        stance = eval_frame._stance.stance
+    if stance != "fail_on_recompile" or torch.compiler.is_exporting():
+        raise ContractBroken(
+            f"set_stance('fail_on_recompile') reads {stance!r}, "
+            f"is_exporting() {torch.compiler.is_exporting()}"
+        )
+    with dynamo_config.patch(error_on_recompile=True, recompile_limit=8):
+        knobs = (dynamo_config.error_on_recompile, dynamo_config.recompile_limit)
+    if knobs != (True, 8):
+        raise ContractBroken(f"error_on_recompile and recompile_limit read {knobs}")
+
+
+def break_range_graph_tells() -> contextlib.AbstractContextManager[Any]:
+    from torch._guards import TracingContext
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    original = TracingContext.try_get
+    default = TracingContext(FakeTensorMode())
+
+    # A context outside Dynamo too (a default one, never None).
+    return mock.patch.object(
+        TracingContext, "try_get", staticmethod(lambda: original() or default)
+    )
+
+
+def check_dynamo_compiling() -> None:
+    """torch.compiler.is_dynamo_compiling() is True while Dynamo traces, else False."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + int(torch.compiler.is_dynamo_compiling())
+
+    torch._dynamo.reset()
+    try:
+        traced = torch.compile(fn, fullgraph=True, backend="eager")(torch.zeros(2))
+    finally:
+        torch._dynamo.reset()
+    if traced.tolist() != [1.0, 1.0] or fn(torch.zeros(2)).tolist() != [0.0, 0.0]:
+        raise ContractBroken(
+            f"is_dynamo_compiling() reads {traced.tolist()[0]:.0f} while "
+            f"Dynamo traces, {fn(torch.zeros(1)).item():.0f} outside"
+        )
+
+
+def check_bundled_autograd_cache() -> None:
+    """functorch's bundled_autograd_cache knob turns AOTAutograd's bundled cache on
+    (should_bundle_autograd_cache), and off."""
+    from torch._dynamo import config as dynamo_config
+    from torch._functorch import config as functorch_config
+    from torch._functorch._aot_autograd import autograd_cache
+
+    seen = []
+    for on in (True, False):
+        with (
+            functorch_config.patch(bundled_autograd_cache=on),
+            dynamo_config.patch(caching_precompile=False),
+        ):
+            seen.append(bool(autograd_cache.should_bundle_autograd_cache()))
+    if seen != [True, False]:
+        raise ContractBroken(f"bundled_autograd_cache on, off: bundling {seen}")
+
+
+def break_bundled_autograd_cache() -> contextlib.AbstractContextManager[Any]:
+    from torch._functorch._aot_autograd import autograd_cache
+
+    # Bundling always on: the knob no longer read.
+    return mock.patch.object(
+        autograd_cache, "should_bundle_autograd_cache", lambda: True
+    )
+
+
+def check_cuda_sleep() -> None:
+    """torch.cuda._sleep(cycles) keeps the stream busy for that many cycles."""
+    has("torch.cuda._sleep")()
+    start, end = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
+    start.record()
+    torch.cuda._sleep(20_000_000)  # 5 ms or more at up to 4 GHz
+    end.record()
+    end.synchronize()
+    if start.elapsed_time(end) < 2.0:
+        raise ContractBroken(
+            f"20M cycles of sleep took {start.elapsed_time(end):.3f} ms"
+        )
+
+
+def check_symmetric_memory() -> None:
+    """symm_mem.empty(shape, dtype=, device=) and symm_mem.rendezvous(tensor, group
+    name), as timing calls them."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    has("torch.distributed._symmetric_memory.empty", "dtype", "device")()
+    params = list(inspect.signature(symm_mem.rendezvous).parameters.values())
+    positional = [
+        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(positional) < 2:
+        raise ContractBroken(f"rendezvous no longer takes (tensor, group): {params}")
+    tensor = symm_mem.empty((4,), dtype=torch.float32, device="cuda")
+    if tuple(tensor.shape) != (4,) or tensor.device.type != "cuda":
+        raise ContractBroken(
+            f"symm_mem.empty((4,)) made {tensor.shape} on {tensor.device}"
+        )
+
+
+def break_symmetric_memory() -> contextlib.AbstractContextManager[Any]:
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    original = symm_mem.rendezvous
+
+    # The group keyword-only.
+    def rendezvous(tensor: torch.Tensor, *, group: Any) -> Any:
+        return original(tensor, group)
+
+    return mock.patch.object(symm_mem, "rendezvous", rendezvous)
+
+
+_SUBGRAPH_CHOICE = "torch._inductor.codegen.subgraph.SubgraphChoiceCaller"
+
+
+def check_choices_lower_only() -> None:
+    """SubgraphChoiceCaller._compile_for_benchmarking(lower_only=True), as the benchmark
+    on CPUs asks it, lowers a subgraph choice and gives the lowered graph."""
+    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
+
+    custom_op = _contract_all_reduce()
+    op = torch.ops.collective_contract.all_reduce.default
+    register_custom_op_autotuning(custom_op, configs=[CustomOpConfig(one_all_reduce)])
+    original = SubgraphChoiceCaller._compile_for_benchmarking
+    calls: list[tuple[Any, Any]] = []
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = original(self, *args, **kwargs)
+        except Exception as e:
+            calls.append((kwargs, e))
+            raise
+        calls.append((kwargs, type(result)))
+        return result
+
+    with (
+        one_rank_group() as group,
+        fresh_inductor(),
+        mock.patch.object(SubgraphChoiceCaller, "_compile_for_benchmarking", spy),
+    ):
+        torch.compile(lambda x: op(x, group.group_name) + 1, fullgraph=True)(
+            torch.randn(4, 4)
+        )
+    lowered = [r for k, r in calls if k.get("lower_only")]
+    if not lowered or any(
+        not (isinstance(r, type) and issubclass(r, GraphLowering)) for r in lowered
+    ):
+        raise ContractBroken(f"lowering the choices for the benchmark gave {calls}")
+    has(_SUBGRAPH_CHOICE + "._compile_for_benchmarking", "lower_only")()
+
+
+def break_choices_lower_only() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+
+    original = SubgraphChoiceCaller._compile_for_benchmarking
+
+    # lower_only renamed.
+    def _compile_for_benchmarking(
+        self: Any, only_lower: bool = False, defer_load: bool = False
+    ) -> Any:
+        return original(self, lower_only=only_lower, defer_load=defer_load)
+
+    return mock.patch.object(
+        SubgraphChoiceCaller, "_compile_for_benchmarking", _compile_for_benchmarking
+    )
 
 
 # -- the contracts ---------------------------------------------------------------------------
@@ -700,7 +1511,7 @@ def break_lowering_guards() -> contextlib.AbstractContextManager[Any]:
 
     # A size variable evaluated by its hint without a guard.
     return mock.patch.object(
-        SizeVarAllocator, "evaluate_expr", lambda self, expr, *a, **k: bool(expr.subs(self.shape_env.var_to_val))
+        SizeVarAllocator, "evaluate_expr", lambda self, expr, *a, **k: bool(expr.subs(self.shape_env.backed_var_to_val))
     )
 
 
@@ -740,106 +1551,87 @@ CONTRACTS: list[Contract] = [
     Contract("Store primitives behave as the protocol needs", "collective_protocol",
              check_store_primitives, break_store_waits),
     Contract("custom ops keep their Python function", "choices.code_identity",
-             check_python_kernel_of_custom_ops, without("torch._library.custom_ops.OPDEFS")),
+             check_python_kernel_of_custom_ops, break_python_kernels),
     Contract("SubgraphChoiceCaller compiles or only lowers a choice for benchmarking",
-             "collective/choice_modules.py",
-             has("torch._inductor.codegen.subgraph.SubgraphChoiceCaller._compile_for_benchmarking",
-                 "lower_only"),
-             without("torch._inductor.codegen.subgraph.SubgraphChoiceCaller._compile_for_benchmarking"),
-             needs_overlay=True),
+             "collective/choice_modules.py", check_choices_lower_only,
+             break_choices_lower_only, needs_overlay=True),
     Contract("inline_subgraph_to_ir_nodes(gm, inputs, name) inlines a traced graph",
-             "collective/dispatch.py",
-             has("torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes", "gm", "inputs", "name"),
-             without("torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes")),
-    Contract("_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)", "collective/dispatch.py",
-             has("torch._inductor.kernel.custom_op._merge_config_and_runtime_kwargs",
-                 "config_params", "runtime_kwargs"),
-             without("torch._inductor.kernel.custom_op._merge_config_and_runtime_kwargs")),
+             "collective/dispatch.py", check_subgraphs_inline, break_inline_subgraphs),
+    Contract("_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)",
+             "collective/dispatch.py", check_merged_kwargs,
+             # Runtime kwargs passed apart: the merge keeps the config's only.
+             replaced(_MERGE, lambda config_params, runtime_kwargs: {**config_params})),
     Contract("the range-based lowering's signature, which the diff calls",
              "patches (custom_op.py)",
-             has("torch._inductor.kernel.custom_op._range_based_lowering_fn", "processed_configs",
-                 "default_impl", "name", "op_overload", "input_gen_fns", "tensor_name", "dim_index",
-                 "ranges", "tensor_inputs", "runtime_kwargs", "range_upper_bound"),
-             without("torch._inductor.kernel.custom_op._range_based_lowering_fn")),
-    Contract("RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges", "collective/dispatch.py",
-             has("torch._inductor.kernel.custom_op.RangeImplGroup.impl_func"),
-             without("torch._inductor.kernel.custom_op.RangeImplGroup.impl_func")),
+             has("torch._inductor.kernel.custom_op._range_based_lowering_fn",
+                 "processed_configs", "default_impl", "name", "op_overload",
+                 "input_gen_fns", "tensor_name", "dim_index", "ranges", "tensor_inputs",
+                 "runtime_kwargs", "range_upper_bound"),
+             break_range_based_lowering),
+    Contract("RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges",
+             "collective/dispatch.py", check_range_impl_groups,
+             break_range_impl_groups),
     Contract("CustomOpConfig keeps decomposition and params", "choices.register",
-             lambda: _config_fields(), without("torch._inductor.kernel.custom_op.CustomOpConfig.__init__")),
-    Contract("ExternKernelChoice(kernel, name=, has_out_variant=, op_overload=, use_fallback_kernel=)",
-             "choices.complete_default_choice",
-             has("torch._inductor.select_algorithm.ExternKernelChoice", "kernel", "name", "has_out_variant",
-                 "op_overload", "use_fallback_kernel"),
-             without("torch._inductor.select_algorithm.ExternKernelChoice")),
-    Contract("ir_node_to_tensor and gm_original_output_strides", "collective/choice_modules.py",
-             lambda: [has(f"torch._inductor.ir.{n}")() for n in ("ir_node_to_tensor", "gm_original_output_strides")],
-             without("torch._inductor.ir.gm_original_output_strides")),
-    Contract("IR classes the neighbours and the dispatch recognise", "collective/choice_modules.py",
-             lambda: [has(f"torch._inductor.ir.{n}")() for n in
-                      ("TensorBox", "StorageBox", "ComputedBuffer", "Pointwise", "ShapeAsConstantBuffer")],
-             without("torch._inductor.ir.Pointwise")),
+             check_config_fields, break_config_fields),
+    Contract("ExternKernelChoice(kernel, name=, has_out_variant=, op_overload=, "
+             "use_fallback_kernel=)",
+             "choices.complete_default_choice", check_extern_kernel_choices,
+             break_extern_kernel_choices),
+    Contract("ir_node_to_tensor and gm_original_output_strides",
+             "collective/choice_modules.py", check_ir_nodes_to_tensors,
+             break_ir_nodes_to_tensors),
+    Contract("IR classes the neighbours and the dispatch recognise",
+             "collective/choice_modules.py", check_ir_classes, break_ir_classes),
     Contract("fallback_handler(op, add_to_fallback_set=)", "dispatch.lowered_once",
-             has("torch._inductor.lowering.fallback_handler", "add_to_fallback_set"),
-             without("torch._inductor.lowering.fallback_handler")),
+             check_fallback_handler, break_fallback_handler),
     Contract("config.triton.autotune_pointwise=False leaves a pointwise kernel one config",
              "timing.build", check_one_pointwise_config_without_autotuning,
              break_autotune_pointwise, needs_cuda=True),
     Contract("no_python_dispatcher", "collective/selection.py",
-             has("torch._dispatch.python.no_python_dispatcher"),
-             without("torch._dispatch.python.no_python_dispatcher")),
+             check_python_dispatcher_is_disabled,
+             # A no-op: the Python dispatcher stays on.
+             replaced("torch._dispatch.python.no_python_dispatcher",
+                      contextlib.nullcontext)),
     Contract("write_atomic(path, content, make_dirs=)", "collective_decisions",
-             has("torch._inductor.codecache.write_atomic", "make_dirs"),
-             without("torch._inductor.codecache.write_atomic")),
-    Contract("cache_dir()", "collective_decisions", has("torch._inductor.runtime.cache_dir_utils.cache_dir"),
-             without("torch._inductor.runtime.cache_dir_utils.cache_dir")),
-    Contract("clear_on_fresh_cache registers what fresh_cache clears", "collective/records.py",
-             has("torch._inductor.utils.clear_on_fresh_cache"), without("torch._inductor.utils.clear_on_fresh_cache")),
-    Contract("dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=)", "hooks",
-             has("torch._dynamo.utils.dynamo_timed", "key", "log_pt2_compile_event", "dynamo_compile_column_us"),
-             without("torch._dynamo.utils.dynamo_timed")),
+             check_atomic_writes, break_atomic_writes),
+    Contract("cache_dir()", "collective_decisions", check_cache_dir, break_cache_dir),
+    Contract("clear_on_fresh_cache registers what fresh_cache clears",
+             "collective/records.py", check_fresh_cache_clears,
+             # A decorator that registers nothing.
+             replaced("torch._inductor.utils.clear_on_fresh_cache", lambda obj: obj)),
+    Contract("dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=)",
+             "hooks", check_dynamo_timed, break_dynamo_timed),
     Contract("trace_structured(name, metadata_fn=, payload_fn=)", "hooks",
-             has("torch._logging.trace_structured", "name", "metadata_fn", "payload_fn"),
-             without("torch._logging.trace_structured")),
+             check_trace_structured, break_trace_structured),
     Contract("make_fx(fn, decomposition_table=, tracing_mode=) and select_decomp_table",
-             "collective/choice_modules.py",
-             lambda: [has("torch.fx.experimental.proxy_tensor.make_fx", "f", "decomposition_table",
-                          "tracing_mode")(), has("torch._inductor.decomposition.select_decomp_table")()],
-             without("torch._inductor.decomposition.select_decomp_table")),
-    Contract("dont_skip_tracing", "collective/dispatch.py", has("torch._dynamo.dont_skip_tracing"),
-             without("torch._dynamo.dont_skip_tracing")),
-    Contract("guards set through V.graph.sizevars while lowering choose the Dynamo frame's graph",
-             "collective/range_graphs.py", check_lowering_guards_choose_the_graph, break_lowering_guards),
-    Contract("what tells range graphs where a range cannot be guarded", "collective/range_graphs.py",
-             lambda: [has(p)() for p in (
-                 "torch._inductor.sizevars.SizeVarAllocator.statically_known_leq",
-                 "torch._inductor.sizevars.SizeVarAllocator.statically_known_gt",
-                 "torch._dynamo.config.recompile_limit", "torch._dynamo.config.error_on_recompile",
-                 "torch._dynamo.eval_frame._stance.stance", "torch._guards.TracingContext.try_get",
-                 "torch.compiler.is_exporting",
-                 "torch.fx.experimental.symbolic_shapes.free_unbacked_symbols")]
-             + [has("torch._inductor.graph.GraphLowering.__init__", "is_backward")()],
-             without("torch._dynamo.config.error_on_recompile")),
+             "collective/choice_modules.py", check_traced_with_decompositions,
+             # Inductor's decompositions left to its lowerings: an empty table.
+             replaced("torch._inductor.decomposition.select_decomp_table", lambda: {})),
+    Contract("dont_skip_tracing", "collective/dispatch.py", check_dont_skip_tracing,
+             # Dynamo skips the function all the same.
+             replaced("torch._dynamo.dont_skip_tracing", lambda fn=None: fn)),
+    Contract("guards set through V.graph.sizevars while lowering choose the Dynamo "
+             "frame's graph",
+             "collective/range_graphs.py", check_lowering_guards_choose_the_graph,
+             break_lowering_guards),
+    Contract("what tells range graphs where a range cannot be guarded",
+             "collective/range_graphs.py", check_range_graph_tells,
+             break_range_graph_tells),
     Contract("torch.compiler.is_dynamo_compiling (no dispatch mode while Dynamo traces)",
-             "waits.with_waits", has("torch.compiler.is_dynamo_compiling"),
-             without("torch.compiler.is_dynamo_compiling")),
+             "waits.with_waits", check_dynamo_compiling,
+             # False while Dynamo traces too.
+             replaced("torch.compiler.is_dynamo_compiling", lambda: False)),
     Contract("the functorch bundled_autograd_cache knob", "hooks.note_registration",
-             has("torch._functorch.config.bundled_autograd_cache"),
-             without("torch._functorch.config.bundled_autograd_cache")),
+             check_bundled_autograd_cache, break_bundled_autograd_cache),
     Contract("torch.cuda._sleep (GPU sleeps before a graph round)", "collective_benchmarking",
-             has("torch.cuda._sleep"), without("torch.cuda._sleep"), needs_cuda=True),
-    Contract("symmetric memory's empty, rendezvous (and enable_symm_mem_for_group where present)",
-             "timing._move_to_symmetric_memory",
-             lambda: [has(f"torch.distributed._symmetric_memory.{n}")() for n in ("empty", "rendezvous")],
-             without("torch.distributed._symmetric_memory.rendezvous"), needs_cuda=True),
+             check_cuda_sleep,
+             # Returns at once.
+             replaced("torch.cuda._sleep", lambda cycles: None), needs_cuda=True),
+    Contract("symmetric memory's empty, rendezvous (and enable_symm_mem_for_group "
+             "where present)",
+             "timing._move_to_symmetric_memory", check_symmetric_memory,
+             break_symmetric_memory, needs_cuda=True),
 ]
-
-
-def _config_fields() -> None:
-    from torch._inductor.kernel.custom_op import CustomOpConfig
-
-    config = CustomOpConfig(lambda x: x, scale=2)
-    if not (callable(config.decomposition) and config.params == {"scale": 2}):
-        raise ContractBroken("CustomOpConfig no longer keeps .decomposition and .params")
 
 
 def not_checkable(contract: Contract) -> str:
