@@ -355,12 +355,28 @@ def lower_size_dispatch(
       distinct size, in which the branch taken is fixed (the overlay's edits of the
       cond lowering and of ``Scheduler.should_partition`` say so upstream).
     """
-    from torch._dynamo.utils import counters
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
 
     if len(impl_groups) < 2 or not names_a_collective(op):
         return None
-    branches = _branches(impl_groups)
+    dispatch = _dispatch_of_this_graph(
+        op, name, _branches(impl_groups), dim, runtime_kwargs, tensor_inputs
+    )
+    return inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
+
+
+def _dispatch_of_this_graph(
+    op: torch._ops.OpOverload,
+    name: str,
+    branches: list[tuple[float, Any]],
+    dim: int,
+    runtime_kwargs: dict[str, Any],
+    tensor_inputs: Sequence[Any],
+) -> torch.fx.GraphModule:
+    """The traced dispatch of :func:`lower_size_dispatch`: the winner of the range this
+    graph is compiled for alone, or every range's winner dispatched by size."""
+    from torch._dynamo.utils import counters
+
     described = ", ".join(
         f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches
     )
@@ -385,7 +401,7 @@ def lower_size_dispatch(
         dispatch = _traced_dispatch_of(op, branches, dim, runtime_kwargs, tensor_inputs)
         _name_branches_by_site(dispatch, name)
         log.info("%s dispatches by size inside the graph (%s): %s", name, how, described)
-    return inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
+    return dispatch
 
 
 def _branches(impl_groups: Sequence[Any]) -> list[tuple[float, Any]]:

@@ -329,7 +329,8 @@ def _resolve(group_name: str) -> Optional[ProcessGroup]:
 
     try:
         group = torch._C._distributed_c10d._resolve_process_group(group_name)
-    except Exception:  # noqa: BLE001 - a group of another job or another rank set
+    except RuntimeError as e:  # c10d knows no such group: another job's or rank set's
+        log.debug("group %s is not this rank's: %s", group_name, e)
         return None
     return group if dist.get_rank(group) >= 0 else None
 
@@ -489,68 +490,121 @@ def _vote_key(
     verify: Verify,
     timing_allowed: bool,
 ) -> SiteDecision:
+    """The group's decision for ``report``'s key, from one vote of every rank's report:
+    a decision published already, the op's own where the ranks tune different things,
+    an identical stored decision screened again, or the choices built on every rank
+    (timed where more than one is left and ``timing_allowed``)."""
     topic = f"site/{report.key}"
     if not (report.stored or report.decided):
         # Nothing stored or decided here: the group can only time the choices (or follow
         # what a peer read), so build them first and vote once on both.
         runnable = [n for n in report.choices if n not in report.failed]
-        with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
+        liveness = session.session.participant.liveness
+        with liveness.working(f"compiling the choices of {topic}"):
             report = dataclasses.replace(
                 report, failed={**build(runnable), **report.failed}, built=True
             )
-    reports = [SiteReport.decode(r) for r in session.session.vote(topic, report.encode())]
+    votes = session.session.vote(topic, report.encode())
+    reports = [SiteReport.decode(r) for r in votes]
     published = next((GroupChoice.decode(r.decided) for r in reports if r.decided), None)
     if published is not None:
         return _taken(published, "decided earlier in this job")
+    differing = _differing(reports, default)
+    if differing is not None:
+        return differing
+    failed = _failures([rep.failed for rep in reports])
+    stored = _stored_decision(session, topic, reports, failed, default, build, verify)
+    if stored is not None:
+        return stored
+    return _decision_on_built(
+        session, topic, reports, failed, default, build, timing_allowed
+    )
+
+
+def _differing(reports: list[SiteReport], default: str) -> Optional[SiteDecision]:
+    """Where some ranks tune another op, shape or choice list than group rank 0: the
+    op's own implementation (or the first common choice), provisional; else None."""
     differing = [
         r
         for r, rep in enumerate(reports)
         if (rep.key, rep.choices) != (reports[0].key, reports[0].choices)
     ]
+    if not differing:
+        return None
+    common = [n for n in reports[0].choices if all(n in rep.choices for rep in reports)]
+    chosen = default if default in common else (common or [default])[0]
+    return SiteDecision(
+        Action.USE,
+        (chosen,),
+        f"group ranks {differing} tune a different op, shape or choice list than "
+        f"group rank 0; all use {chosen}",
+        Source.AGREEMENT,
+        provisional=True,
+    )
+
+
+def _stored_decision(
+    session: GroupSession,
+    topic: str,
+    reports: list[SiteReport],
+    failed: dict[str, str],
+    default: str,
+    build: Build,
+    verify: Verify,
+) -> Optional[SiteDecision]:
+    """Where every rank holds the same stored decision, and its winner passes its
+    screen again: use it (a provisional one is timed against its runner-up again).
+    None otherwise; a stored winner that fails is added to ``failed``."""
     choices = reports[0].choices
-    if differing:
-        common = [n for n in choices if all(n in rep.choices for rep in reports)]
-        chosen = default if default in common else (common or [default])[0]
-        return SiteDecision(
-            Action.USE,
-            (chosen,),
-            f"group ranks {differing} tune a different op, shape or choice list than "
-            f"group rank 0; all use {chosen}",
-            Source.AGREEMENT,
-            provisional=True,
-        )
-    failed = _failures([rep.failed for rep in reports])
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
-    if len(stored) == 1 and "" not in stored and winner in choices and winner not in failed:
-        # A provisional decision (timed without confidence) is timed again against its
-        # runner-up, cheaply, and settled or replaced.
-        runner_up = reports[0].stored_runner_up
-        again = (runner_up,) if runner_up in choices and runner_up not in failed else ()
-        verdict = _verify_stored(session, topic, winner, default, build, verify, again)
-        if not verdict and again:
-            return SiteDecision(
-                Action.BENCHMARK,
-                (winner, *again),
-                f"every rank holds the same stored decision, provisional: {winner} timed "
-                f"against {runner_up} again",
-                Source.BENCHMARK,
-            )
-        if not verdict:
-            return SiteDecision(
-                Action.USE,
-                (winner,),
-                "every rank holds the same stored decision, which passed its screen again",
-                Source.DISK,
-                provisional=bool(runner_up),
-            )
-        log.warning(
-            "the stored decision for %s (winner %s) is not used: %s; tuning afresh",
-            topic,
-            winner,
-            verdict,
+    if not (
+        len(stored) == 1 and "" not in stored and winner in choices and winner not in failed
+    ):
+        return None
+    # A provisional decision (timed without confidence) is timed again against its
+    # runner-up, cheaply, and settled or replaced.
+    runner_up = reports[0].stored_runner_up
+    again = (runner_up,) if runner_up in choices and runner_up not in failed else ()
+    verdict = _verify_stored(session, topic, winner, default, build, verify, again)
+    if not verdict and again:
+        return SiteDecision(
+            Action.BENCHMARK,
+            (winner, *again),
+            f"every rank holds the same stored decision, provisional: {winner} timed "
+            f"against {runner_up} again",
+            Source.BENCHMARK,
         )
-        failed[winner] = f"the stored winner {verdict}"
+    if not verdict:
+        return SiteDecision(
+            Action.USE,
+            (winner,),
+            "every rank holds the same stored decision, which passed its screen again",
+            Source.DISK,
+            provisional=bool(runner_up),
+        )
+    log.warning(
+        "the stored decision for %s (winner %s) is not used: %s; tuning afresh",
+        topic,
+        winner,
+        verdict,
+    )
+    failed[winner] = f"the stored winner {verdict}"
+    return None
+
+
+def _decision_on_built(
+    session: GroupSession,
+    topic: str,
+    reports: list[SiteReport],
+    failed: dict[str, str],
+    default: str,
+    build: Build,
+    timing_allowed: bool,
+) -> SiteDecision:
+    """The group's decision from the choices that built on every rank (built now
+    where some ranks had not): none, one, or those to benchmark."""
+    choices = reports[0].choices
     if not all(rep.built for rep in reports):
         # Some ranks held a stored decision: every rank builds (again, nothing for those
         # that built) and votes on what failed.

@@ -159,6 +159,41 @@ def prepare_choices(
     Returns the implementations, their arguments and their config patches to trace,
     and the winner of a range settled so (None otherwise), to return untraced.
     """
+    labels, site = _prepare_site(
+        name,
+        decompositions,
+        non_tensor_args,
+        inputs,
+        op,
+        min_speedup_threshold,
+        benchmark_with_cudagraphs,
+    )
+    settled = selection.settled_range(site) if site is not None else None
+    if settled is not None:
+        _keep(settled)
+        winner = _range_winner(
+            settled.winner, labels, decompositions, non_tensor_args, config_patches_list, op
+        )
+        return list(decompositions), list(non_tensor_args), config_patches_list, winner
+    decided = selection.decided_before_tracing(site) if site is not None else None
+    traced, args, patches = _to_trace(
+        decided, labels, decompositions, non_tensor_args, config_patches_list, op
+    )
+    return traced, args, patches, None
+
+
+def _prepare_site(
+    name: str,
+    decompositions: Sequence[Callable[..., Any]],
+    non_tensor_args: Sequence[dict[str, Any]],
+    inputs: Sequence[Any],
+    op: torch._ops.OpOverload,
+    min_speedup_threshold: float,
+    benchmark_with_cudagraphs: bool,
+) -> tuple[list[str], Optional[selection.CallSite]]:
+    """The labels of the op's implementations, and its call site where it is tuned
+    collectively (None otherwise): the neighbours it fuses with are read, then its
+    inputs realized."""
     from torch._inductor.ir import TensorBox
 
     neighbours = neighbours_of_site(inputs)
@@ -167,7 +202,8 @@ def prepare_choices(
             inp.realize()
     schema = schema_arguments(op)
     labels = [
-        label(d.__name__, kwargs, schema) for d, kwargs in zip(decompositions, non_tensor_args)
+        label(d.__name__, kwargs, schema)
+        for d, kwargs in zip(decompositions, non_tensor_args)
     ]
     site = selection.prepare_site(
         name,
@@ -182,36 +218,54 @@ def prepare_choices(
     )
     if site is not None:
         dynamo_callbacks.install(compiling=True)
-    settled = selection.settled_range(site) if site is not None else None
-    if settled is not None:
-        _keep(settled)
-        i = labels.index(settled.winner) if settled.winner in labels else None  # None: the op's own
-        return (
-            list(decompositions),
-            list(non_tensor_args),
-            config_patches_list,
-            RangeWinner.create(
-                settled.winner,
-                None if i is None else guarded_implementation(decompositions[i], op),
-                {} if i is None else non_tensor_args[i],
-                None if i is None or config_patches_list is None else config_patches_list[i],
-                op,
-            ),
-        )
+    return labels, site
+
+
+def _range_winner(
+    winner: str,
+    labels: Sequence[str],
+    decompositions: Sequence[Callable[..., Any]],
+    non_tensor_args: Sequence[dict[str, Any]],
+    config_patches_list: Optional[Sequence[dict[str, Any]]],
+    op: torch._ops.OpOverload,
+) -> RangeWinner:
+    """The ``winner`` of a range that an earlier site of the graph settled, returned
+    untraced: the implementation labelled so, or the op's own where none is."""
+    i = labels.index(winner) if winner in labels else None  # None: the op's own
+    return RangeWinner.create(
+        winner,
+        None if i is None else guarded_implementation(decompositions[i], op),
+        {} if i is None else non_tensor_args[i],
+        None if i is None or config_patches_list is None else config_patches_list[i],
+        op,
+    )
+
+
+def _to_trace(
+    winner: Optional[str],
+    labels: Sequence[str],
+    decompositions: Sequence[Callable[..., Any]],
+    non_tensor_args: Sequence[dict[str, Any]],
+    config_patches_list: Optional[Sequence[dict[str, Any]]],
+    op: torch._ops.OpOverload,
+) -> tuple[
+    list[Callable[..., Any]], list[dict[str, Any]], Optional[list[dict[str, Any]]]
+]:
+    """The implementations to trace (guarded), their arguments and config patches:
+    all of them, or only the ``winner`` the group decided already and the first."""
     keep = list(range(len(decompositions)))
-    winner = selection.decided_before_tracing(site) if site is not None else None
     traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
         keep = [i for i, candidate in enumerate(labels) if i == 0 or candidate == winner]
         if labels[0] != winner:
             # Upstream gives the op's own implementation the first implementation's
             # arguments: keep those, traced cheaply as the op itself.
-            traced[0] = the_op_itself(op, schema)
+            traced[0] = the_op_itself(op, schema_arguments(op))
 
     def kept(items: Optional[Sequence[Any]]) -> Any:
         return None if items is None else [items[i] for i in keep]
 
-    return kept(traced), kept(non_tensor_args), kept(config_patches_list), None
+    return kept(traced), kept(non_tensor_args), kept(config_patches_list)
 
 
 def detect_collective(
@@ -234,25 +288,8 @@ def detect_collective(
     """
     import torch.distributed as dist
 
-    groups: list[Any] = []
-    # The op's name or arguments may tell what its choices' graphs do not (where only
-    # the winner of a decided key was traced, say).
-    collective = names_a_collective(op_overload)
-    for choice in choices:
-        gm = getattr(choice, "gm", None)
-        if gm is None or trace_failure(choice):
-            continue
-        for node in collective_calls(gm):
-            collective = True
-            groups.extend(group_arguments(node, gm))
     initialised = dist.is_available() and dist.is_initialized()
-    if initialised and (collective or any(trace_failure(c) for c in choices)):
-        # The op's own implementation: what every rank falls back to, so it must be
-        # right too; where no choice could be traced, it tells whether the op
-        # communicates.
-        own = check_own_implementation(op_overload, choices[0].input_nodes, non_tensor_args)
-        collective = collective or bool(own.groups)
-        groups.extend(own.groups)
+    collective, groups = _communication(choices, op_overload, non_tensor_args, initialised)
     if collective and not initialised:
         _warn_once(
             f"{op_name(op_overload)} is a collective op but torch.distributed is not "
@@ -262,7 +299,9 @@ def detect_collective(
     if not collective:
         for choice in [c for c in choices if trace_failure(c)]:
             log.warning(
-                "choice %s is dropped: %s", choice_label(choice, op_overload), trace_failure(choice)
+                "choice %s is dropped: %s",
+                choice_label(choice, op_overload),
+                trace_failure(choice),
             )
             choices.remove(choice)
         return False, None
@@ -278,6 +317,36 @@ def detect_collective(
             "synchronise, it is timed without waiting for peers"
         )
     return True, group
+
+
+def _communication(
+    choices: list[ChoiceCaller],
+    op: torch._ops.OpOverload,
+    non_tensor_args: Sequence[dict[str, Any]],
+    initialised: bool,
+) -> tuple[bool, list[Any]]:
+    """Whether ``op`` or its choices communicate, and the groups (or their names) that
+    their collectives pass; where torch.distributed is ``initialised``, what the op's
+    own implementation does tells too."""
+    groups: list[Any] = []
+    # The op's name or arguments may tell what its choices' graphs do not (where only
+    # the winner of a decided key was traced, say).
+    collective = names_a_collective(op)
+    for choice in choices:
+        gm = getattr(choice, "gm", None)
+        if gm is None or trace_failure(choice):
+            continue
+        for node in collective_calls(gm):
+            collective = True
+            groups.extend(group_arguments(node, gm))
+    if initialised and (collective or any(trace_failure(c) for c in choices)):
+        # The op's own implementation: what every rank falls back to, so it must be
+        # right too; where no choice could be traced, it tells whether the op
+        # communicates.
+        own = check_own_implementation(op, choices[0].input_nodes, non_tensor_args)
+        collective = collective or bool(own.groups)
+        groups.extend(own.groups)
+    return collective, groups
 
 
 def select_collective_choice(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from typing import Any, Optional, Sequence, TYPE_CHECKING
+from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
@@ -140,29 +140,59 @@ def prepare_site(
         group = resolve_group(named[0], op) if named else dist.group.WORLD
     except (ValueError, TypeError):
         return None  # detection reports it with the full story
-    settings = BenchmarkSettings.from_config()
-    device = benchmark_device(inputs[0].get_device())
-    mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    all_labels = (*labels, DEFAULT)
-    code = identities(op, list(zip(labels, implementations)))
-    key = site_key(name, inputs, all_labels, mode, min_speedup_threshold, neighbours, code)
-    site = CallSite(
-        name,
-        op,
-        group,
-        settings,
-        device,
-        mode,
-        all_labels,
-        code,
-        inputs,
-        min_speedup_threshold,
-        neighbours,
-        key,
+    site = _call_site(
+        name=name,
+        op=op,
+        group=group,
+        device=benchmark_device(inputs[0].get_device()),
+        labels=(*labels, DEFAULT),
+        implementations=list(zip(labels, implementations)),
+        inputs=inputs,
+        min_speedup_threshold=min_speedup_threshold,
+        benchmark_with_cudagraphs=benchmark_with_cudagraphs,
+        neighbours=neighbours,
         mutable=mutable_inputs(op),
     )
     _prepared[V.graph][name] = site
     return site
+
+
+def _call_site(
+    *,
+    name: str,
+    op: Optional[torch._ops.OpOverload],
+    group: ProcessGroup,
+    device: torch.device,
+    labels: tuple[str, ...],
+    implementations: Sequence[tuple[str, Callable[..., Any]]],
+    inputs: Sequence[Any],
+    min_speedup_threshold: float,
+    benchmark_with_cudagraphs: bool,
+    neighbours: Neighbours,
+    mutable: tuple[int, ...] = (),
+) -> CallSite:
+    """The call site of op ``name`` whose choices are ``labels`` (``implementations``
+    by label, and ``op``'s own where it is known): the settings and timing mode in
+    force, the code identity of each implementation, and the key of its decision."""
+    settings = BenchmarkSettings.from_config()
+    mode = timing_mode(settings, device, benchmark_with_cudagraphs)
+    code = identities(op, implementations)
+    key = site_key(name, inputs, labels, mode, min_speedup_threshold, neighbours, code)
+    return CallSite(
+        name=name,
+        op=op,
+        group=group,
+        settings=settings,
+        device=device,
+        mode=mode,
+        labels=labels,
+        code=code,
+        inputs=inputs,
+        min_speedup_threshold=min_speedup_threshold,
+        neighbours=neighbours,
+        key=key,
+        mutable=mutable,
+    )
 
 
 def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
@@ -280,7 +310,6 @@ def decide_site(
     """The group's decision for the call site of op ``name`` being lowered, and its
     ``choices`` by label; raises CollectiveAutotuneError, on every rank of the group,
     when the group's collectives failed mid-benchmark and cannot be trusted."""
-    import torch.distributed as dist
     from torch._dynamo.utils import counters
     from torch._inductor import config
 
@@ -288,21 +317,7 @@ def decide_site(
     prepared = _prepared_sites().pop(name, None)
     by_label = {choice_label(c, prepared.op if prepared else None): c for c in choices}
     if not config.collective_autotune:
-        return (
-            CollectiveAutotuneRecord(
-                name,
-                process_group.group_name,
-                tuple(dist.get_process_group_ranks(process_group)),
-                "",
-                "",
-                Action.USE,
-                Source.AGREEMENT,
-                "collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)",
-                (),
-                DEFAULT,
-            ),
-            by_label,
-        )
+        return _untuned_record(name, process_group), by_label
     site = _site_after_tracing(
         prepared,
         name,
@@ -316,35 +331,8 @@ def decide_site(
     counters["inductor"]["collective_autotune_sites"] += 1
     member = participant(site.settings.timeout)
     waited_before, requests_before = member.waited_s, member.client.requests
-    session = graph_sessions.session_for(process_group, site.settings)
     work = _SiteWork(site, by_label, choices, inputs)
-    decision, voting = graph_sessions.agree_key(
-        session,
-        site.key,
-        lambda: work.report(session),
-        DEFAULT,
-        work.build,
-        work.verify,
-        timing_allowed=not config.deterministic,
-    )
-    timings, winner, reason, confidence = work.timed_winner(decision, voting)
-    decision = dataclasses.replace(
-        decision,
-        reason=reason,
-        provisional=decision.provisional or (confidence is not None and not confidence.settled),
-    )
-    source, winner, reason = _settled(site, decision, voting, timings, winner, confidence)
-    record = dataclasses.replace(
-        _record(
-            site,
-            voting,
-            dataclasses.replace(decision, source=source, reason=reason),
-            timings,
-            winner,
-            started,
-        ),
-        confidence=confidence,
-    )
+    record = _agreed_record(work, started)
     waited_s = member.waited_s - waited_before
     return (
         dataclasses.replace(
@@ -358,6 +346,54 @@ def decide_site(
         ),
         by_label,
     )
+
+
+def _untuned_record(name: str, group: ProcessGroup) -> CollectiveAutotuneRecord:
+    """The record of a site while collective autotuning is off: the op's own
+    implementation, untimed."""
+    import torch.distributed as dist
+
+    return CollectiveAutotuneRecord(
+        op=name,
+        group_name=group.group_name,
+        group_ranks=tuple(dist.get_process_group_ranks(group)),
+        key="",
+        session="",
+        decision=Action.USE,
+        source=Source.AGREEMENT,
+        reason="collective autotuning is off (TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0)",
+        timings=(),
+        winner=DEFAULT,
+    )
+
+
+def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
+    """This rank's record of the group's decision for ``work``'s site: agreed in the
+    graph's session, timed where the group benchmarks the key, kept for the group."""
+    from torch._inductor import config
+
+    site = work.site
+    session = graph_sessions.session_for(site.group, site.settings)
+    decision, voting = graph_sessions.agree_key(
+        session,
+        site.key,
+        lambda: work.report(session),
+        DEFAULT,
+        work.build,
+        work.verify,
+        timing_allowed=not config.deterministic,
+    )
+    timings, winner, reason, confidence = work.timed_winner(decision, voting)
+    unsure = confidence is not None and not confidence.settled
+    decision = dataclasses.replace(
+        decision, reason=reason, provisional=decision.provisional or unsure
+    )
+    source, winner, reason = _settled(
+        site, decision, voting, timings, winner, confidence
+    )
+    decision = dataclasses.replace(decision, source=source, reason=reason)
+    record = _record(site, voting, decision, timings, winner, started)
+    return dataclasses.replace(record, confidence=confidence)
 
 
 def _site_after_tracing(
@@ -375,33 +411,21 @@ def _site_after_tracing(
     if prepared is not None:
         neighbours = timed_with(prepared.neighbours, choices)
         return dataclasses.replace(prepared, group=group, neighbours=neighbours)
-    settings = BenchmarkSettings.from_config()
-    device = benchmark_device(inputs.layout.device)
-    mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    labels = tuple(by_label)
-    code = identities(
-        None,
-        [
+    return _call_site(
+        name=name,
+        op=None,
+        group=group,
+        device=benchmark_device(inputs.layout.device),
+        labels=tuple(by_label),
+        implementations=[
             (lbl, c.decomposition)
             for lbl, c in by_label.items()
             if getattr(c, "decomposition", None) is not None
         ],
-    )
-    neighbours = timed_with(Neighbours(), choices)
-    key = site_key(name, inputs.input_nodes, labels, mode, min_speedup_threshold, neighbours, code)
-    return CallSite(
-        name,
-        None,
-        group,
-        settings,
-        device,
-        mode,
-        labels,
-        code,
-        inputs.input_nodes,
-        min_speedup_threshold,
-        neighbours,
-        key,
+        inputs=inputs.input_nodes,
+        min_speedup_threshold=min_speedup_threshold,
+        benchmark_with_cudagraphs=benchmark_with_cudagraphs,
+        neighbours=timed_with(Neighbours(), choices),
     )
 
 
@@ -427,10 +451,14 @@ class _SiteWork:
         return SiteReport(
             key=self.site.key,
             choices=self.site.labels,
-            decided=known or "",
-            stored=persisted.digest() if persisted else "",
-            stored_winner=persisted.winner if persisted else "",
-            stored_runner_up=persisted.runner_up if persisted and persisted.provisional else "",
+            decided=GroupChoice.decode(known) if known is not None else None,
+            stored=persisted.digest() if persisted else None,
+            stored_winner=persisted.winner if persisted else None,
+            stored_runner_up=(
+                (persisted.runner_up or None)
+                if persisted and persisted.provisional
+                else None
+            ),
             failed={
                 **{
                     label: "not traced on this rank"
