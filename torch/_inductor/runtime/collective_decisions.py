@@ -137,21 +137,26 @@ def _cuda_environment(index: int) -> dict[str, Any]:
 
 
 def _interconnect(index: int) -> str:
-    """ "nvlink" when the device has an active NVLink, else "pcie" (NVML decides)."""
+    """ "nvlink" when the device has an active NVLink, else "pcie" (NVML decides);
+    "unknown" where NVML cannot tell (no pynvml, no driver): said, not guessed."""
     try:
         import pynvml  # type: ignore[import-not-found]
-
+    except ImportError:
+        log.debug("pynvml is not installed: device %d's interconnect is unknown", index)
+        return "unknown"
+    try:
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
-            try:
-                if pynvml.nvmlDeviceGetNvLinkState(handle, link):
-                    return "nvlink"
-            except pynvml.NVMLError:
-                break
-        return "pcie"
-    except Exception:  # noqa: BLE001 - no NVML: say so rather than guess
+    except pynvml.NVMLError as e:
+        log.debug("NVML cannot tell device %d's interconnect: %s", index, e)
         return "unknown"
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                return "nvlink"
+        except pynvml.NVMLError:  # past the device's last link
+            break
+    return "pcie"
 
 
 class DecisionStore:

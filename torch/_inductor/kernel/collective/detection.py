@@ -82,7 +82,7 @@ def resolve_group(group: Any, op: OpOverload) -> ProcessGroup:
     if isinstance(group, str):
         try:
             return torch._C._distributed_c10d._resolve_process_group(group)
-        except Exception as e:  # noqa: BLE001 - reworded below
+        except RuntimeError as e:  # c10d knows no such group; reworded below
             raise ValueError(
                 f"{op_name(op)} names process group {group!r}, which this rank does "
                 "not know; pass the group name of a group created with "

@@ -107,12 +107,14 @@ def build(
     for label, choice in choices.items():
         try:
             finishes[label] = _start(name, choice, device, neighbours)
-        except Exception as e:  # noqa: BLE001 - the group drops it; the reason is logged there
+        except Exception as e:  # noqa: BLE001 - the group drops it, saying why
+            log.debug("choice %s of %s did not build", label, name, exc_info=True)
             failures[label] = _failure(choice, e)
     for label, finish in finishes.items():
         try:
             finish()
         except Exception as e:  # noqa: BLE001 - likewise
+            log.debug("choice %s of %s did not load", label, name, exc_info=True)
             failures[label] = _failure(choices[label], e)
     return failures
 
