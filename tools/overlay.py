@@ -970,8 +970,10 @@ def refresh(minor: str, pristine_root: Path, work_root: Path, number: str) -> st
             diff += make_diff(path, Path(tmp.name), work_root / path)
     slug, message = own[0].slug, own[0].message
     hunks_by_minor = {minor: parse_diff(diff)}
-    for other in SUPPORTED:
-        if other != minor and _series_path(other).is_file():
+    # Every minor with a series, listed or not yet (a port): none loses its part.
+    for path in PATCHES.glob("torch-*.series"):
+        other = path.name[len("torch-") : -len(".series")]
+        if other != minor:
             names = series_names(other)
             mine = [read_patch(n) for n in names if n.startswith(f"{number}-")]
             if mine:

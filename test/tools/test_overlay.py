@@ -689,3 +689,42 @@ def test_write_concern_stores_each_hunk_once_in_the_file_of_its_minors(patches_c
         )
         assert not problems
         assert out["f.py"].splitlines()[1] == "B"
+
+
+def test_a_port_gets_a_series_of_its_own_that_later_refreshes_keep(
+    tmp_path, patches_copy
+):
+    newest = _newest_minor()
+    if newest not in PRISTINE:
+        pytest.skip(f"no pristine torch {newest} files at hand (the newest series)")
+    pristine = PRISTINE[newest][1]
+    first = _series(newest)[0]
+    fp = first.files[0]
+    work = tmp_path / "port"
+    # 2.99 has no series yet: edit takes the newest's patches.
+    overlay_tool.edit("2.99", pristine, work, first.number)
+    path = work / fp.path
+    marker = "# a line only the port has\n"
+    text = path.read_text()
+    at = text.index("".join(fp.hunks[0].new)) + len("".join(fp.hunks[0].new))
+    path.write_text(text[:at] + marker + text[at:])
+
+    overlay_tool.refresh("2.99", pristine, work, first.number)
+    port = overlay_tool.series_names("2.99")
+    assert port and all(n.startswith(f"{first.number}-") for n in port)
+    assert any(marker in overlay_tool.read_patch(n).text for n in port)
+    texts = {
+        rel: (pristine / rel).read_text()
+        for rel in overlay_tool._paths(_series(newest))
+    }
+    result, problems = overlay_tool.apply_series(
+        texts, overlay_tool.read_series("2.99")
+    )
+    assert not problems and result[fp.path] == path.read_text()
+
+    # Refreshing the newest's own patch, unchanged, keeps the port's part.
+    again = tmp_path / "newest"
+    overlay_tool.edit(newest, pristine, again, first.number)
+    overlay_tool.refresh(newest, pristine, again, first.number)
+    assert overlay_tool.series_names("2.99") == port
+    assert all((patches_copy / "series" / n).is_file() for n in port)
