@@ -1093,7 +1093,7 @@ def _capture_graph(fn: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
-@functools.lru_cache(None)
+@functools.lru_cache(None)  # for the process: the hardware does not change
 def _cycles_per_us(device_index: int) -> float:
     """The GPU clock, measured once per device: a sleep's length is given in cycles.
     The highest of a few readings, as an idle GPU boosts its clock only once busy

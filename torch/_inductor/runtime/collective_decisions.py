@@ -124,7 +124,7 @@ def _group_environment(group: ProcessGroup) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(None)
+@functools.lru_cache(None)  # for the process: its devices and libraries stay
 def _cuda_environment(index: int) -> dict[str, Any]:
     nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else ()
     return {

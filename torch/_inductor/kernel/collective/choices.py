@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective.detection import op_name
+from torch._inductor.kernel.collective.records import cleared_with_inductor_caches
 from torch._inductor.kernel.collective.waits import (
     OwnImplementation,
     Waits,
@@ -147,12 +148,17 @@ def _python_kernel(qualname: str) -> Optional[Callable[..., Any]]:
     return getattr(definition, "_init_fn", None)
 
 
-# Registration state, as upstream's lowerings: it lasts as long as the registrations.
+# Registration state, kept for the process as upstream keeps its lowerings: ops are
+# registered once (at import, usually), so Inductor's fresh_cache must not forget them.
 # Whether each op registered for autotuning communicates, by qualified name.
 _collective: dict[str, bool] = {}
-# The code identity of every implementation seen so far (an op's registered configs,
-# those a config generator made at a compile, the op's own), by "op/label".
-_identities: dict[str, str] = {}
+# The code identity of each registered op's own implementation and configs, as
+# registered, by "op/label".
+_registered_identities: dict[str, str] = {}
+# The code identity of every implementation seen at a compile since Inductor's caches
+# were last cleared (a config generator's, the op's own), by "op/label": a cached graph
+# is loaded only where the code it inlines is still this.
+_identities: dict[str, str] = cleared_with_inductor_caches({})
 
 
 def register(op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool) -> None:
@@ -162,7 +168,7 @@ def register(op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool
     _collective[op_name(op)] = collective
     if collective:
         schema = schema_arguments(op)
-        identities(
+        registered = identities(
             op,
             [
                 (label(c.decomposition.__name__, c.params, schema), c.decomposition)
@@ -170,6 +176,7 @@ def register(op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool
                 if c.decomposition is not None
             ],
         )
+        _registered_identities.update(registered)
 
 
 def is_registered_collective(op: torch._ops.OpOverload) -> bool:
@@ -178,7 +185,8 @@ def is_registered_collective(op: torch._ops.OpOverload) -> bool:
 
 
 def identities(
-    op: Optional[torch._ops.OpOverload], implementations: Sequence[tuple[str, Callable[..., Any]]]
+    op: Optional[torch._ops.OpOverload],
+    implementations: Sequence[tuple[str, Callable[..., Any]]],
 ) -> dict[str, str]:
     """The code identity of ``op``'s own implementation and of each of its labelled
     ``implementations``, by "op/label" (noted as their current code)."""
@@ -191,8 +199,8 @@ def identities(
 
 def current_identity(name: str) -> Optional[str]:
     """The code identity of the implementation ``name`` ("op/label") as this process
-    last saw it, or None where it saw none."""
-    return _identities.get(name)
+    last saw it (at a compile, else at its registration), or None where it saw none."""
+    return _identities.get(name, _registered_identities.get(name))
 
 
 def schema_arguments(op: Optional[torch._ops.OpOverload]) -> set[str]:
@@ -385,7 +393,9 @@ def default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
     return next((c for c in choices if isinstance(c, ExternKernelCaller)), choices[0])
 
 
-# torch 2.11's op's-own-implementation choices made here, one per autotune name.
+# torch 2.11's op's-own-implementation choices made here, one per autotune name. Kept
+# for the process: each ExternKernelChoice registers its name with Inductor's extern
+# kernels for good, and one made again after fresh_cache would be a duplicate.
 _default_choices: dict[str, Any] = {}
 
 

@@ -19,7 +19,10 @@ from typing import Any
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import participant
 
-# The heartbeats of the compiles in progress (None where collective tuning is off).
+# The heartbeats of the compiles in progress (None where collective tuning is off):
+# pushed as a compile starts and popped as it ends, so empty between compiles. Not
+# cleared by Inductor's fresh_cache, which may run inside a compile: its end would
+# find no heartbeat to stop.
 _compiling: list[Any] = []
 
 

@@ -445,6 +445,7 @@ def _keep(record: CollectiveAutotuneRecord) -> None:
         table_log.info("%s", format_record(record))
 
 
+# Each warning once per process, as Python's own warnings are by default.
 @functools.lru_cache(None)
 def _warn_once(message: str) -> None:
     log.warning(message)

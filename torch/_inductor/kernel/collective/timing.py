@@ -71,7 +71,7 @@ def timing_mode(settings: BenchmarkSettings, device: torch.device, cudagraphs: b
     return settings.timing_mode(device)
 
 
-@functools.lru_cache(None)
+@functools.lru_cache(None)  # once per process, as Python's own warnings
 def _warn_cudagraphs_on_cpu() -> None:
     log.warning("benchmark_with_cudagraphs has no effect on CPU: CUDA graphs need CUDA")
 

@@ -181,7 +181,7 @@ def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return waited_call(implementation, found)
 
 
-@functools.lru_cache(None)
+@functools.lru_cache(None)  # once per process, as Python's own warnings
 def _say_once(op: str, implementation: str, added: tuple[str, ...]) -> None:
     log.warning(
         "collective autotuning: %s's implementation %s %s; Inductor waits for the "
