@@ -503,25 +503,23 @@ class TestCollectiveOpTuningUnits(TestCase):
         calls = collective_calls(torch.fx.GraphModule(torch.nn.Module(), graph))
         assert [n.target for n in calls] == [torch.ops._c10d_functional.all_reduce.default]
 
+    def test_identities_seen_at_compiles_go_with_inductors_caches_registered_ones_stay(
+        self,
+    ):
+        from torch._inductor.kernel.collective import choices
+        from torch._inductor.utils import clear_inductor_caches
+
+        name, other = "cat_units::op/impl", "cat_units::op/other"
+        choices._registered_identities[name] = "as registered"
+        choices._identities.update({name: "at a compile", other: "at a compile"})
+        try:
+            assert choices.current_identity(name) == "at a compile"
+            clear_inductor_caches()
+            assert choices.current_identity(name) == "as registered"
+            assert choices.current_identity(other) is None
+        finally:
+            choices._registered_identities.pop(name, None)
+
 
 if __name__ == "__main__":
     run_tests()
-
-
-# -- state with a lifetime ----------------------------------------------------------------------
-
-
-def test_identities_seen_at_compiles_go_with_inductors_caches_registered_ones_stay():
-    from torch._inductor.kernel.collective import choices
-    from torch._inductor.utils import clear_inductor_caches
-
-    name, other = "cat_units::op/impl", "cat_units::op/other"
-    choices._registered_identities[name] = "as registered"
-    choices._identities.update({name: "at a compile", other: "at a compile"})
-    try:
-        assert choices.current_identity(name) == "at a compile"
-        clear_inductor_caches()
-        assert choices.current_identity(name) == "as registered"
-        assert choices.current_identity(other) is None
-    finally:
-        choices._registered_identities.pop(name, None)
