@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import itertools
 import os
 import sys
 import tempfile
@@ -631,7 +632,7 @@ def break_python_kernels() -> contextlib.AbstractContextManager[Any]:
     # A custom op keeps a wrapper of its function (one code for every op).
     def init(
         self: Any, namespace: str, name: str, schema: str, fn: Any, *a: Any, **k: Any
-    ):
+    ) -> None:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs)
@@ -731,7 +732,8 @@ def break_range_based_lowering() -> contextlib.AbstractContextManager[Any]:
     )
 
 
-_EXTERN_CHOICES = iter(range(1 << 30))
+# Names of the contract's ExternKernelChoices (each registers its kernel by name).
+_EXTERN_CHOICES = itertools.count()
 
 
 def check_extern_kernel_choices() -> None:
@@ -1261,7 +1263,7 @@ def check_range_graph_tells() -> None:
         torch.compile(lambda x: x * 5, backend=backend)(torch.ones(2))
     finally:
         torch._dynamo.reset()
-    if TracingContext.try_get() is not None or contexts[:1] == [None] or not contexts:
+    if TracingContext.try_get() is not None or None in contexts or not contexts:
         raise ContractBroken(
             f"TracingContext.try_get() is {TracingContext.try_get()} "
             f"outside Dynamo, {contexts} inside"
@@ -1281,7 +1283,6 @@ def check_range_graph_tells() -> None:
 
 def break_range_graph_tells() -> contextlib.AbstractContextManager[Any]:
     from torch._guards import TracingContext
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     original = TracingContext.try_get
