@@ -282,17 +282,27 @@ class BenchmarkSettings:
             ("collective_autotune_dynamic_max", self.dynamic_max, 1),
             ("collective_autotune_dynamic_ratio", self.dynamic_ratio, 2),
         ):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+            if not (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and value >= least
+            ):
                 problems.append(f"{knob}={value!r}: an int >= {least}")
         for knob, value, unit in (
             ("collective_benchmark_timeout", self.timeout, "seconds"),
             ("collective_benchmark_sample_us", self.sample_us, "microseconds"),
-            ("collective_benchmark_graph_sample_us", self.graph_sample_us, "microseconds"),
+            (
+                "collective_benchmark_graph_sample_us",
+                self.graph_sample_us,
+                "microseconds",
+            ),
         ):
             if not (_is_number(value) and value > 0):
                 problems.append(f"{knob}={value!r}: {unit}, > 0")
         if self.mode not in BENCHMARK_MODES:
-            problems.append(f"collective_benchmark_mode={self.mode!r}: one of {BENCHMARK_MODES}")
+            problems.append(
+                f"collective_benchmark_mode={self.mode!r}: one of {BENCHMARK_MODES}"
+            )
         if problems:
             raise ValueError(
                 "invalid collective autotuning configuration (torch._inductor.config "
@@ -309,7 +319,11 @@ class BenchmarkSettings:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -470,9 +484,13 @@ class CollectiveBenchmarker:
             batches = self._prepare_batches(candidates, status, first_call_us)
             marks.append(time.perf_counter())
             with HostContention() as contention:
-                samples, skews = self._sample(candidates, batches, set(keep), first_call_us)
+                samples, skews = self._sample(
+                    candidates, batches, set(keep), first_call_us
+                )
             marks.append(time.perf_counter())
-            timings = self._reduce(candidates, status, batches, samples, skews, contention.value)
+            timings = self._reduce(
+                candidates, status, batches, samples, skews, contention.value
+            )
             marks.append(time.perf_counter())
             self.phases = dict(
                 zip(
@@ -533,7 +551,10 @@ class CollectiveBenchmarker:
     # -- the screen ---------------------------------------------------------------
 
     def _screen(
-        self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference_index: int
+        self,
+        candidates: Sequence[Candidate],
+        inputs: ScreenInputs,
+        reference_index: int,
     ) -> tuple[list[ScreenOutcome], list[float]]:
         """Each candidate's outcome on every rank, and its first call's time on its
         slowest rank (us).
@@ -560,7 +581,9 @@ class CollectiveBenchmarker:
             except CollectiveAutotuneError:
                 raise
             except Exception as e:  # noqa: BLE001 - the choice's own failure: the group decides
-                log.debug("choice %s raised on this rank", candidate.name, exc_info=True)
+                log.debug(
+                    "choice %s raised on this rank", candidate.name, exc_info=True
+                )
                 raised[i] = self._raised_everywhere(candidate.name, e)
                 mine[i] = [float(Verdict.RAISED), 0.0, math.inf]
                 continue
@@ -592,7 +615,9 @@ class CollectiveBenchmarker:
             f"group rank {r}: {why}" for r, why in enumerate(reports)
         )
 
-    def _gather(self, mine: list[list[float]], rank: int, world: int) -> list[list[float]]:
+    def _gather(
+        self, mine: list[list[float]], rank: int, world: int
+    ) -> list[list[float]]:
         """Every rank's rows of the screen's table, by candidate then rank, one
         all-reduce: row ``i * world + r`` is group rank ``r``'s verdict on candidate
         ``i``."""
@@ -603,11 +628,16 @@ class CollectiveBenchmarker:
         table[:, rank] = torch.tensor(mine, dtype=torch.float64)
         flat = table.flatten().to(self._comm_device())
         self._collective(
-            "sharing the screen's verdicts", dist.all_reduce, flat, group=self.process_group
+            "sharing the screen's verdicts",
+            dist.all_reduce,
+            flat,
+            group=self.process_group,
         )
         return flat.view(n * world, 3).tolist()
 
-    def _over_budget(self, first_call_us: list[float], reference: int) -> dict[int, str]:
+    def _over_budget(
+        self, first_call_us: list[float], reference: int
+    ) -> dict[int, str]:
         """The candidates that cannot be timed within their budget, and why.
 
         A choice's calls get ``collective_benchmark_timeout`` seconds in all; the fewest
@@ -625,7 +655,9 @@ class CollectiveBenchmarker:
                     f"{self.settings.timeout:g} s"
                 )
         if reference in over:
-            over[reference] += " (the op's own implementation: kept as the fallback, untimed)"
+            over[reference] += (
+                " (the op's own implementation: kept as the fallback, untimed)"
+            )
         return over
 
     def _fewest_calls(self, per_call_us: float) -> int:
@@ -650,11 +682,14 @@ class CollectiveBenchmarker:
         if self.mode == "graph":
             # The screen's times are the slowest rank's: every rank captures as many calls.
             calls = [
-                _calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS) for t in first_call_us
+                _calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS)
+                for t in first_call_us
             ]
             for i, graph in self._capture(candidates, live, calls).items():
                 if graph is not None:
-                    batches[i] = _Batch(calls[i], graph.replay, graph.replay, graph=True)
+                    batches[i] = _Batch(
+                        calls[i], graph.replay, graph.replay, graph=True
+                    )
             eager = [i for i in live if batches[i] is None]
             if eager:
                 log.warning(
@@ -667,7 +702,9 @@ class CollectiveBenchmarker:
         estimates = [math.inf] * len(candidates)
         for i in eager:
             run = candidates[i].run
-            estimates[i] = self._time_eager(run, self.settings.warmup, "warming up", run)[0]
+            estimates[i] = self._time_eager(
+                run, self.settings.warmup, "warming up", run
+            )[0]
         # One all-reduce of the estimates, so that every rank issues as many calls.
         slowest = self._all_reduce_max(estimates)
         for i in eager:
@@ -727,11 +764,20 @@ class CollectiveBenchmarker:
         A pure function of one MAX all-reduce, so identical on every rank.
         """
         n = len(candidates)
-        stats = [_quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)]
+        stats = [
+            _quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)
+        ]
         reduced = self._all_reduce_max([q for s in stats for q in s])
         low, mid, high = (reduced[k::3] for k in range(3))
         return prune(
-            live, low, mid, high, keep, len(samples[live[0]]), self._min_rounds, candidates
+            live,
+            low,
+            mid,
+            high,
+            keep,
+            len(samples[live[0]]),
+            self._min_rounds,
+            candidates,
         )
 
     def _reduce(
@@ -788,10 +834,14 @@ class CollectiveBenchmarker:
             if i not in graphs:
                 b = batches[i]
                 assert b is not None
-                times[i], skews[i] = self._time_eager(b.timed, b.calls, "timing", b.rendezvous)
+                times[i], skews[i] = self._time_eager(
+                    b.timed, b.calls, "timing", b.rendezvous
+                )
         return times, skews
 
-    def _graph_round(self, graphs: dict[int, _Batch]) -> tuple[dict[int, float], dict[int, float]]:
+    def _graph_round(
+        self, graphs: dict[int, _Batch]
+    ) -> tuple[dict[int, float], dict[int, float]]:
         """Replay every choice's batch in ``graphs`` once, back to back on the GPU.
 
         The host enqueues the whole round behind a GPU sleep, so no launch gap of its
@@ -800,7 +850,9 @@ class CollectiveBenchmarker:
         """
         if not graphs:
             return {}, {}
-        events = {i: [torch.cuda.Event(enable_timing=True) for _ in range(3)] for i in graphs}
+        events = {
+            i: [torch.cuda.Event(enable_timing=True) for _ in range(3)] for i in graphs
+        }
         torch.cuda._sleep(_sleep_cycles(_HOST_LEAD_US))
         for i, batch in graphs.items():
             before, start, end = events[i]
@@ -809,9 +861,14 @@ class CollectiveBenchmarker:
             start.record()
             batch.timed()
             end.record()
-        self._device_sync("timing a round of CUDA-graph replays", events[next(reversed(events))][2])
+        self._device_sync(
+            "timing a round of CUDA-graph replays", events[next(reversed(events))][2]
+        )
         return (
-            {i: e[1].elapsed_time(e[2]) * 1e3 / graphs[i].calls for i, e in events.items()},
+            {
+                i: e[1].elapsed_time(e[2]) * 1e3 / graphs[i].calls
+                for i, e in events.items()
+            },
             {i: e[0].elapsed_time(e[1]) * 1e3 for i, e in events.items()},
         )
 
@@ -820,7 +877,10 @@ class CollectiveBenchmarker:
         time in microseconds: GPU time on GPUs, wall time on the CPU."""
         begin = time.perf_counter()
         if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
             start.record()
             out = fn()
             end.record()
@@ -834,7 +894,11 @@ class CollectiveBenchmarker:
         return out, (time.perf_counter() - begin) * 1e6
 
     def _time_eager(
-        self, fn: Callable[[], Any], count: int, doing: str, rendezvous: Callable[[], Any]
+        self,
+        fn: Callable[[], Any],
+        count: int,
+        doing: str,
+        rendezvous: Callable[[], Any],
     ) -> tuple[float, float]:
         """Microseconds per call of ``count`` back-to-back calls of ``fn``, and how long
         the untimed ``rendezvous`` call waited for the group.
@@ -844,7 +908,9 @@ class CollectiveBenchmarker:
         """
         self._barrier(doing)
         if self.device.type == "cuda":
-            before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            before, start, end = (
+                torch.cuda.Event(enable_timing=True) for _ in range(3)
+            )
             before.record()
             rendezvous()
             start.record()
@@ -852,7 +918,9 @@ class CollectiveBenchmarker:
                 fn()
             end.record()
             self._device_sync(doing, end)
-            return start.elapsed_time(end) * 1e3 / count, before.elapsed_time(start) * 1e3
+            return start.elapsed_time(end) * 1e3 / count, before.elapsed_time(
+                start
+            ) * 1e3
         begin = time.perf_counter()
         for _ in range(count):
             fn()
@@ -884,7 +952,9 @@ class CollectiveBenchmarker:
 
     # -- primitives -------------------------------------------------------------
 
-    def _collective(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _collective(
+        self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         """One of the benchmark's own collectives. Its failure (a peer gone, stuck, or
         paired with another collective) leaves the group's collectives untrustworthy:
         this rank stops, telling its peers what the group reported."""
@@ -895,7 +965,8 @@ class CollectiveBenchmarker:
         except Exception as e:  # noqa: BLE001 - it failed in our collective: the group's
             raise CollectiveAutotuneError(
                 f"{doing}: the group's collectives failed on this rank "
-                f"({describe(e)})" + "".join(f"; {incident}" for incident in self._incidents)
+                f"({describe(e)})"
+                + "".join(f"; {incident}" for incident in self._incidents)
             ) from e
 
     def _barrier(self, doing: str) -> None:
@@ -964,7 +1035,9 @@ class ScreenInputs:
     """A benchmark's input tensors: restored before each screened call, and checked
     after it for writes into those the op does not declare it mutates."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor], mutable: Sequence[int] = ()) -> None:
+    def __init__(
+        self, tensors: Sequence[torch.Tensor], mutable: Sequence[int] = ()
+    ) -> None:
         self.tensors = list(tensors)
         self._pristine = [t.clone() for t in self.tensors]
         self._mutable = set(mutable)
@@ -1001,7 +1074,9 @@ def prune(
     ``keep``); sampling stops once the leader is alone or the rest tie with it."""
     leader = min(live, key=lambda i: mid[i])
     dropped = [
-        i for i in live if i != leader and i not in keep and clearly_slower(low[i], high[leader])
+        i
+        for i in live
+        if i != leader and i not in keep and clearly_slower(low[i], high[leader])
     ]
     if dropped:
         log.debug(
@@ -1100,7 +1175,10 @@ def _cycles_per_us(device_index: int) -> float:
     (a rate read before the boost would only make sleeps longer, which is harmless)."""
     rates = []
     for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
         start.record()
         torch.cuda._sleep(1_000_000)
         end.record()
@@ -1113,7 +1191,9 @@ def _sleep_cycles(us: float) -> int:
     return int(us * _cycles_per_us(torch.cuda.current_device()))
 
 
-def _verdict(out: Any, reference: torch.Tensor, written: int | None) -> tuple[float, float]:
+def _verdict(
+    out: Any, reference: torch.Tensor, written: int | None
+) -> tuple[float, float]:
     """This rank's verdict on one screened call, and its value (see Verdict)."""
     if written is not None:
         return float(Verdict.WROTE_INPUT), float(written)
@@ -1126,14 +1206,18 @@ def _verdict(out: Any, reference: torch.Tensor, written: int | None) -> tuple[fl
     tol = _SCREEN_TOLERANCE.get(out.dtype, 0.0)
     scale = max(1.0, reference.abs().max().item()) if reference.numel() else 1.0
     if not torch.allclose(out, reference, rtol=tol, atol=tol * scale):
-        return float(Verdict.WRONG_OUTPUT), (out.double() - reference.double()).abs().max().item()
+        return float(Verdict.WRONG_OUTPUT), (
+            out.double() - reference.double()
+        ).abs().max().item()
     return float(Verdict.OK), 0.0
 
 
 def _describe(verdict: Verdict, value: float) -> str:
     """One rank's verdict in words; "" where it accepted the call."""
     if verdict == Verdict.WRONG_OUTPUT:
-        return f"rejected: output differs from the reference (max abs error {value:.3g})"
+        return (
+            f"rejected: output differs from the reference (max abs error {value:.3g})"
+        )
     if verdict == Verdict.WRONG_KIND:
         return "rejected: output is no tensor of the reference's shape and dtype"
     if verdict == Verdict.WROTE_INPUT:

@@ -79,9 +79,7 @@ def judge(
     group's ``contention`` while they were timed; ``host_paced`` says whether the host's
     timing entered the samples (eager timing)."""
     timed = [
-        t
-        for t in timings
-        if t.status is ChoiceStatus.OK and math.isfinite(t.max_us)
+        t for t in timings if t.status is ChoiceStatus.OK and math.isfinite(t.max_us)
     ]
     best = next((t for t in timed if t.name == winner), None)
     others = sorted((t for t in timed if t.name != winner), key=lambda t: t.max_us)
@@ -89,7 +87,9 @@ def judge(
         return Confidence(contention=contention)
     runner_up = others[0]
     lead = runner_up.low_us / best.high_us - 1 if best.high_us > 0 else math.inf
-    spread = max((t.high_us - t.low_us) / t.max_us for t in (best, runner_up) if t.max_us > 0)
+    spread = max(
+        (t.high_us - t.low_us) / t.max_us for t in (best, runner_up) if t.max_us > 0
+    )
     loaded = host_paced and contention > CONTENTION_LIMIT
     if loaded:
         reason = (

@@ -64,7 +64,9 @@ class StoredDecision:
     def digest(self) -> str:
         """What ranks compare: the same digest means the same decision, to be taken the
         same way (used, or timed again)."""
-        return digest(self.key, self.environment, self.winner, self.provisional, self.runner_up)
+        return digest(
+            self.key, self.environment, self.winner, self.provisional, self.runner_up
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +97,9 @@ def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
     return env
 
 
-def current_environment(group: ProcessGroup, made_in: dict[str, Any]) -> Optional[dict[str, Any]]:
+def current_environment(
+    group: ProcessGroup, made_in: dict[str, Any]
+) -> Optional[dict[str, Any]]:
     """The environment of ``group`` today on the kind of device of ``made_in`` (an
     environment recorded with a decision), or None where there is no such device."""
     device_type = made_in.get("device")
@@ -174,7 +178,11 @@ class DecisionStore:
         path = self._path(key, env)
         try:
             data = json.loads(path.read_text())
-            if data.get("format") != _FORMAT or data["key"] != key or data["environment"] != env:
+            if (
+                data.get("format") != _FORMAT
+                or data["key"] != key
+                or data["environment"] != env
+            ):
                 log.debug("ignoring %s: written for another key or environment", path)
                 return None
             return StoredDecision(
@@ -201,7 +209,9 @@ class DecisionStore:
         try:
             write_atomic(str(path), json.dumps(payload, sort_keys=True), make_dirs=True)
         except OSError as e:
-            log.warning("could not store the collective autotuning decision %s: %s", path, e)
+            log.warning(
+                "could not store the collective autotuning decision %s: %s", path, e
+            )
 
     def _path(self, key: str, env: dict[str, Any]) -> Path:
         return self.root / f"{digest(key, env)}.json"

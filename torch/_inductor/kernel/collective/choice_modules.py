@@ -47,7 +47,9 @@ class Neighbours:
     def __str__(self) -> str:
         return (
             "+".join(
-                n for n, on in (("producer", self.producer), ("consumer", self.consumer)) if on
+                n
+                for n, on in (("producer", self.producer), ("consumer", self.consumer))
+                if on
             )
             or "none"
         )
@@ -82,7 +84,9 @@ def neighbours_of_site(inputs: Sequence[Any]) -> Neighbours:
     computed = storage.data if isinstance(storage, ir.StorageBox) else None
     if isinstance(computed, ir.ComputedBuffer):
         computed = computed.data
-    producer = isinstance(computed, ir.Pointwise) and first.get_dtype().is_floating_point
+    producer = (
+        isinstance(computed, ir.Pointwise) and first.get_dtype().is_floating_point
+    )
     node = getattr(V.graph, "current_node", None)
     consumer = node is not None and any(
         torch.Tag.pointwise in getattr(user.target, "tags", ()) for user in node.users
@@ -136,17 +140,24 @@ LOWER = Stage(lower_only=True)
 START = Stage(defer_load=True)
 
 
-def module_for_benchmark(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE) -> Any:
+def module_for_benchmark(
+    choice: Any, neighbours: Neighbours, stage: Stage = COMPILE
+) -> Any:
     """A subgraph ``choice`` compiled for the benchmark at its inputs' sizes, with
     ``neighbours`` fused in (without any, as Inductor compiles its choices: no new
     trace), as far as ``stage`` says."""
     if neighbours == Neighbours():
         return choice._compile_for_benchmarking(**dataclasses.asdict(stage))
-    return compiled_module(choice, neighbours.around(implementation_of(choice)), False, stage)
+    return compiled_module(
+        choice, neighbours.around(implementation_of(choice)), False, stage
+    )
 
 
 def compiled_module(
-    choice: Any, implementation: Callable[..., Any], symbolic: bool, stage: Stage = COMPILE
+    choice: Any,
+    implementation: Callable[..., Any],
+    symbolic: bool,
+    stage: Stage = COMPILE,
 ) -> Any:
     """``implementation`` (a subgraph choice's, with whatever is around it) traced on the
     choice's inputs and compiled as Inductor compiles its benchmark choices, as far as

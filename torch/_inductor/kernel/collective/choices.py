@@ -50,7 +50,15 @@ DEFAULT = "default"
 
 # Modules whose functions are not the user's: their code changes with torch or Python,
 # which every key already names (the environment), and need not be digested.
-_NOT_USER_CODE = ("torch", "builtins", "functools", "typing", "math", "operator", "collections")
+_NOT_USER_CODE = (
+    "torch",
+    "builtins",
+    "functools",
+    "typing",
+    "math",
+    "operator",
+    "collections",
+)
 # How many functions one identity follows at most (a call graph can be large).
 _MOST_FUNCTIONS = 64
 
@@ -75,7 +83,11 @@ def _digest_into(fn: Any, parts: list[Any], seen: set[int]) -> None:
         return
     fn = inspect.unwrap(fn)
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        name = fn._qualified_op_name if isinstance(fn, torch._ops.OpOverloadPacket) else fn.name()
+        name = (
+            fn._qualified_op_name
+            if isinstance(fn, torch._ops.OpOverloadPacket)
+            else fn.name()
+        )
         parts.append(("op", name))
         kernel = _python_kernel(name.split(".")[0])
         if kernel is not None:
@@ -114,7 +126,8 @@ def _digest_into(fn: Any, parts: list[Any], seen: set[int]) -> None:
 
 def _code(code: types.CodeType) -> tuple[Any, ...]:
     consts = tuple(
-        _code(c) if isinstance(c, types.CodeType) else _simple(c) for c in code.co_consts
+        _code(c) if isinstance(c, types.CodeType) else _simple(c)
+        for c in code.co_consts
     )
     return code.co_code, consts, code.co_names
 
@@ -161,7 +174,9 @@ _registered_identities: dict[str, str] = {}
 _identities: dict[str, str] = cleared_with_inductor_caches({})
 
 
-def register(op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool) -> None:
+def register(
+    op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool
+) -> None:
     """Note an op registered with register_custom_op_autotuning, whether it
     communicates, and, if it does, the code of its ``configs`` (CustomOpConfig) and its
     own implementation."""
@@ -208,7 +223,9 @@ def schema_arguments(op: Optional[torch._ops.OpOverload]) -> set[str]:
     return {a.name for a in op._schema.arguments} if hasattr(op, "_schema") else set()
 
 
-def choice_label(choice: ChoiceCaller, op: Optional[torch._ops.OpOverload] = None) -> str:
+def choice_label(
+    choice: ChoiceCaller, op: Optional[torch._ops.OpOverload] = None
+) -> str:
     """A choice's readable name: its implementation and the parameters its config set
     (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
     The same on every rank, whatever Inductor numbered the choice."""
@@ -216,7 +233,9 @@ def choice_label(choice: ChoiceCaller, op: Optional[torch._ops.OpOverload] = Non
     if getattr(choice, "gm", None) is None or decomposition is None:
         return DEFAULT
     return label(
-        decomposition.__name__, getattr(choice, "decomposition_kwargs", {}), schema_arguments(op)
+        decomposition.__name__,
+        getattr(choice, "decomposition_kwargs", {}),
+        schema_arguments(op),
     )
 
 
@@ -289,7 +308,9 @@ def guarded_implementation(
         except Exception as e:  # noqa: BLE001 - reported to the group by the choice
             guarded.trace_failure = describe(e)  # type: ignore[attr-defined]
             log.debug(
-                "implementation %s raised while traced", decomposition.__name__, exc_info=True
+                "implementation %s raised while traced",
+                decomposition.__name__,
+                exc_info=True,
             )
             return instead(*args, **kwargs)
 
@@ -334,7 +355,9 @@ def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
                     user is not node
                     and user.target is not wait
                     and order[user] > order[node]
-                    and not any(w.target is wait and order[w] < order[user] for w in node.users)
+                    and not any(
+                        w.target is wait and order[w] < order[user] for w in node.users
+                    )
                 ):
                     return (
                         f"reads the output of {target.name()} before wait_tensor (in {user.name}): "
@@ -343,7 +366,9 @@ def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
     return ""
 
 
-def writes_into_input(gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]) -> str:
+def writes_into_input(
+    gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]
+) -> str:
     """Why ``gm`` (a choice's traced implementation) writes into one of its tensor
     inputs (or a view of one) that the op does not declare it mutates (the positions in
     ``mutable``), or "". Inlined, such a choice would change the caller's tensor."""
@@ -356,7 +381,9 @@ def writes_into_input(gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]
     ]
     origin = {node: i for i, node in enumerate(tensors)}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(
+            node.target, torch._ops.OpOverload
+        ):
             continue
         schema = node.target._schema
         for argument, value in zip(schema.arguments, node.args):
@@ -371,7 +398,9 @@ def writes_into_input(gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]
                     f"writes into input {origin[value]} ({node.target.name()}), "
                     "which the op does not declare it mutates"
                 )
-            if any(r.alias_info is not None for r in schema.returns):  # a view of that input
+            if any(
+                r.alias_info is not None for r in schema.returns
+            ):  # a view of that input
                 origin[node] = origin[value]
     return ""
 
@@ -436,7 +465,9 @@ def complete_default_choice(
             use_fallback_kernel=True,
         )
     template = choices[0]
-    default = _default_choices[name].bind(template.input_nodes, template.layout, **kwargs)
+    default = _default_choices[name].bind(
+        template.input_nodes, template.layout, **kwargs
+    )
     default.name = f"{name}_fallback_default"
     choices.append(default)
 
@@ -489,7 +520,9 @@ class RangeWinner:
         if decomposition is None:
             own = the_op_itself(op, schema_arguments(op), own_waits(op))
             return RangeWinner(name, own, {}, config_patches or {}, default)
-        return RangeWinner(name, dispatchable(decomposition), kwargs, config_patches or {}, default)
+        return RangeWinner(
+            name, dispatchable(decomposition), kwargs, config_patches or {}, default
+        )
 
     def output_node(self) -> Any:
         # Unused by the range-based lowering, so removed with the graph's dead code.

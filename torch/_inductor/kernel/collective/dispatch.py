@@ -67,18 +67,24 @@ class Ladder:
         """The ranges (start, end], in the order they are tuned: coarse to fine."""
         bounds = [
             (start, float(end))
-            for start, end in zip((1, *(p + 1 for p in self.points)), (*self.points, math.inf))
+            for start, end in zip(
+                (1, *(p + 1 for p in self.points)), (*self.points, math.inf)
+            )
         ]
         return [bounds[i] for i in _bisection_order(len(bounds))]
 
 
 # The range names of each ladder in size order, by the range name of any of its points,
 # per graph being lowered (they live as long as it).
-_ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = weakref.WeakKeyDictionary()
+_ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 # The ladder's upper bound of each dynamic size, per ShapeEnv (one per Dynamo frame compile).
-_ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+_ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def dynamic_ladder(
@@ -113,7 +119,9 @@ def dynamic_ladder(
         bounds = V.graph.sizevars.shape_env.bound_sympy(size[dim])
         # Unbounded (torch's int_oo) unless the program bounded the dimension.
         uppers[str(size[dim])] = (
-            int(bounds.upper) if isinstance(bounds.upper, sympy.Integer) else settings.dynamic_max
+            int(bounds.upper)
+            if isinstance(bounds.upper, sympy.Integer)
+            else settings.dynamic_max
         )
     upper = uppers[str(size[dim])]
     points = _points(settings.dynamic_ratio, upper)
@@ -163,12 +171,15 @@ def interpolated(
     timing it, and why: the common winner of its nearest decided neighbours below and
     above, when they agree. ``decided`` gives a range's decision by its name (None
     while undecided)."""
-    below, above = _nearest_decided(ladder, name, decided, -1), _nearest_decided(
-        ladder, name, decided, 1
+    below, above = (
+        _nearest_decided(ladder, name, decided, -1),
+        _nearest_decided(ladder, name, decided, 1),
     )
     if below is None or above is None or below[1] != above[1]:
         return None
-    return below[1], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
+    return below[
+        1
+    ], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
 
 
 def tie_reference(
@@ -204,7 +215,9 @@ _benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] =
 )
 
 
-def benchmark_module(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE) -> Any:
+def benchmark_module(
+    choice: Any, neighbours: Neighbours, stage: Stage = COMPILE
+) -> Any:
     """``choice``, an implementation of one range of a range-based op (a
     SubgraphChoiceCaller; the ladder's ranges or the user's split points), compiled for
     the benchmark with the call site's ``neighbours``: one module per implementation
@@ -234,9 +247,13 @@ def benchmark_module(choice: Any, neighbours: Neighbours, stage: Stage = COMPILE
         generic = _size_generic_module(choice, neighbours, stage)
         # A deferred load is kept as the load itself, done once for every range.
         modules[key] = (
-            functools.cache(generic) if stage.defer_load and generic is not None else generic
+            functools.cache(generic)
+            if stage.defer_load and generic is not None
+            else generic
         )
-    if modules[key] is None:  # without a size-generic module: this range's own, at its size
+    if (
+        modules[key] is None
+    ):  # without a size-generic module: this range's own, at its size
         return module_for_benchmark(choice, neighbours, stage)
     return modules[key]
 
@@ -252,7 +269,9 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
     """
 
     try:
-        return compiled_module(choice, neighbours.around(implementation_of(choice)), True, stage)
+        return compiled_module(
+            choice, neighbours.around(implementation_of(choice)), True, stage
+        )
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic module (%s)",
@@ -265,7 +284,12 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
 
 def _layout_of(node: Any) -> tuple[Any, ...]:
     """What a module traced on IR node ``node`` depends on: its size, stride, dtype, device."""
-    return str(node.get_size()), str(node.get_stride()), node.get_dtype(), node.get_device()
+    return (
+        str(node.get_size()),
+        str(node.get_stride()),
+        node.get_dtype(),
+        node.get_device(),
+    )
 
 
 def warm_up_sizes(upper: Optional[int] = None) -> list[int]:
@@ -362,7 +386,9 @@ def lower_size_dispatch(
     dispatch = _dispatch_of_this_graph(
         op, name, _branches(impl_groups), dim, runtime_kwargs, tensor_inputs
     )
-    return inline_subgraph_to_ir_nodes(dispatch, list(tensor_inputs), f"{name}_dispatch")
+    return inline_subgraph_to_ir_nodes(
+        dispatch, list(tensor_inputs), f"{name}_dispatch"
+    )
 
 
 def _dispatch_of_this_graph(
@@ -400,7 +426,9 @@ def _dispatch_of_this_graph(
         counters["inductor"]["collective_autotune_size_dispatches"] += 1
         dispatch = _traced_dispatch_of(op, branches, dim, runtime_kwargs, tensor_inputs)
         _name_branches_by_site(dispatch, name)
-        log.info("%s dispatches by size inside the graph (%s): %s", name, how, described)
+        log.info(
+            "%s dispatches by size inside the graph (%s): %s", name, how, described
+        )
     return dispatch
 
 
@@ -432,7 +460,9 @@ def _implementation(group: Any, runtime_kwargs: dict[str, Any]) -> Callable[...,
     def run(
         *tensors: Any,
         _group: Any = group,
-        _kwargs: Any = (_merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)),
+        _kwargs: Any = (
+            _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
+        ),
     ) -> Any:
         return _group.impl_func(*tensors, **_kwargs)
 
@@ -460,9 +490,9 @@ def _dispatch_from(
 
 
 # The traced dispatches of each graph being lowered, by what they were traced from.
-_traced_dispatches: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], torch.fx.GraphModule]] = (
-    weakref.WeakKeyDictionary()
-)
+_traced_dispatches: weakref.WeakKeyDictionary[
+    Any, dict[tuple[Any, ...], torch.fx.GraphModule]
+] = weakref.WeakKeyDictionary()
 
 
 def _traced_dispatch_of(

@@ -172,7 +172,12 @@ def prepare_choices(
     if settled is not None:
         _keep(settled)
         winner = _range_winner(
-            settled.winner, labels, decompositions, non_tensor_args, config_patches_list, op
+            settled.winner,
+            labels,
+            decompositions,
+            non_tensor_args,
+            config_patches_list,
+            op,
         )
         return list(decompositions), list(non_tensor_args), config_patches_list, winner
     decided = selection.decided_before_tracing(site) if site is not None else None
@@ -256,7 +261,9 @@ def _to_trace(
     keep = list(range(len(decompositions)))
     traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
-        keep = [i for i, candidate in enumerate(labels) if i == 0 or candidate == winner]
+        keep = [
+            i for i, candidate in enumerate(labels) if i == 0 or candidate == winner
+        ]
         if labels[0] != winner:
             # Upstream gives the op's own implementation the first implementation's
             # arguments: keep those, traced cheaply as the op itself.
@@ -289,7 +296,9 @@ def detect_collective(
     import torch.distributed as dist
 
     initialised = dist.is_available() and dist.is_initialized()
-    collective, groups = _communication(choices, op_overload, non_tensor_args, initialised)
+    collective, groups = _communication(
+        choices, op_overload, non_tensor_args, initialised
+    )
     if collective and not initialised:
         _warn_once(
             f"{op_name(op_overload)} is a collective op but torch.distributed is not "

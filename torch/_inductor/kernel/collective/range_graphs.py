@@ -53,10 +53,14 @@ class GuardedRange:
 
 # The tops of the ranges guarded so far in each graph being lowered, by size expression:
 # the partition that the graph's compiles of every range share.
-_partitions: weakref.WeakKeyDictionary[Any, dict[str, set[float]]] = weakref.WeakKeyDictionary()
+_partitions: weakref.WeakKeyDictionary[Any, dict[str, set[float]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def range_of_this_graph(size: Any, tops: Sequence[float]) -> tuple[Optional[GuardedRange], str]:
+def range_of_this_graph(
+    size: Any, tops: Sequence[float]
+) -> tuple[Optional[GuardedRange], str]:
     """The range of ``size`` this graph is compiled for, given an op that changes
     winner at ``tops`` (range tops in size order), and how it was found; or None and why
     the graph must dispatch by size inside.
@@ -100,11 +104,17 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> Optional[str]:
     if not config.collective_autotune_range_graphs:
         return "collective_autotune_range_graphs is off"
     if free_unbacked_symbols(size):
-        return f"its size {size} is data-dependent (unbacked): no guard can choose a graph"
+        return (
+            f"its size {size} is data-dependent (unbacked): no guard can choose a graph"
+        )
     if getattr(V.graph, "is_backward", False):
         # Compiled at the first backward call, after Dynamo installed the frame's guards.
-        return "a backward graph cannot add guards, and its forward's do not fix its range"
-    if torch._guards.TracingContext.try_get() is None or getattr(V.graph, "aot_mode", False):
+        return (
+            "a backward graph cannot add guards, and its forward's do not fix its range"
+        )
+    if torch._guards.TracingContext.try_get() is None or getattr(
+        V.graph, "aot_mode", False
+    ):
         return "no Dynamo frame to compile again per range (AOTInductor)"
     if torch.compiler.is_exporting():
         return "no Dynamo frame to compile again per range (export)"

@@ -64,7 +64,11 @@ from torch._inductor.runtime.collective_benchmarking import (
     ChoiceTiming,
 )
 from torch._inductor.runtime.collective_confidence import Confidence, judge
-from torch._inductor.runtime.collective_decisions import DecisionStore, environment, StoredDecision
+from torch._inductor.runtime.collective_decisions import (
+    DecisionStore,
+    environment,
+    StoredDecision,
+)
 from torch._inductor.runtime.collective_protocol import participant
 
 if TYPE_CHECKING:
@@ -106,7 +110,9 @@ class CallSite:
 
 # The call sites prepared before tracing in each graph being lowered, by op name: the
 # decision after tracing takes its site from here (lives as long as the graph).
-_prepared: weakref.WeakKeyDictionary[Any, dict[str, CallSite]] = weakref.WeakKeyDictionary()
+_prepared: weakref.WeakKeyDictionary[Any, dict[str, CallSite]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def prepare_site(
@@ -126,7 +132,9 @@ def prepare_site(
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
-    _prepared.setdefault(V.graph, {}).pop(name, None)  # an earlier call's, whatever this one is
+    _prepared.setdefault(V.graph, {}).pop(
+        name, None
+    )  # an earlier call's, whatever this one is
     if not (
         names_a_collective(op)
         and config.collective_autotune
@@ -276,7 +284,9 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
         return GroupChoice.decode(published).winner
     _prepared_sites()[site.name] = dataclasses.replace(
         site,
-        nearest=dispatch.tie_reference(ladder, site.name, winner_of) if ladder else None,
+        nearest=dispatch.tie_reference(ladder, site.name, winner_of)
+        if ladder
+        else None,
     )
     choice = graph_sessions.decided(decisions, site.key)
     return None if choice is None else choice.winner
@@ -284,9 +294,13 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
 
 def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
     """The positions, among ``op``'s tensor arguments, of those it declares it writes."""
-    arguments = [a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)]
+    arguments = [
+        a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)
+    ]
     return tuple(
-        i for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write
+        i
+        for i, a in enumerate(arguments)
+        if a.alias_info is not None and a.alias_info.is_write
     )
 
 
@@ -480,7 +494,9 @@ class _SiteWork:
         """Compile ``labels`` of this rank's choices for the benchmark; why each one
         that did not build failed."""
         begin = time.monotonic()
-        chosen = {label: self.by_label[label] for label in labels if label in self.by_label}
+        chosen = {
+            label: self.by_label[label] for label in labels if label in self.by_label
+        }
         failures = build(self.site.name, chosen, self.site.device, self.site.neighbours)
         self.build_s += time.monotonic() - begin
         return failures
@@ -526,9 +542,16 @@ class _SiteWork:
                 neighbours=site.neighbours,
                 mutable=site.mutable,
             )
-        winner, picked_because = pick(picked, timings, site.min_speedup_threshold, site.nearest)
+        winner, picked_because = pick(
+            picked, timings, site.min_speedup_threshold, site.nearest
+        )
         confidence = judge(timings, winner, contention, host_paced=site.mode == "eager")
-        return tuple(timings), winner, f"{decision.reason}; {picked_because}", confidence
+        return (
+            tuple(timings),
+            winner,
+            f"{decision.reason}; {picked_because}",
+            confidence,
+        )
 
 
 def _settled(

@@ -27,7 +27,11 @@ from torch._inductor.kernel.collective.choice_modules import (
     Neighbours,
     START,
 )
-from torch._inductor.kernel.collective.choices import DEFAULT, needs_symmetric_memory, own_waits
+from torch._inductor.kernel.collective.choices import (
+    DEFAULT,
+    needs_symmetric_memory,
+    own_waits,
+)
 from torch._inductor.kernel.collective.waits import waited_call
 from torch.distributed._store_session import describe
 from torch._inductor.runtime.collective_benchmarking import (
@@ -61,7 +65,9 @@ class BenchmarkInputs:
     input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]]
 
 
-def timing_mode(settings: BenchmarkSettings, device: torch.device, cudagraphs: bool) -> str:
+def timing_mode(
+    settings: BenchmarkSettings, device: torch.device, cudagraphs: bool
+) -> str:
     """How to time: as the model runs, or in CUDA graphs where the op was registered
     with ``benchmark_with_cudagraphs``."""
     if cudagraphs and settings.mode == "auto":
@@ -81,7 +87,9 @@ def timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neigh
     symmetric-memory ops in its graph, whose inputs the benchmark places in symmetric
     memory itself (a stand-in producer's output would not be). The same on every
     rank: it reads the traced graphs."""
-    return Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
+    return (
+        Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
+    )
 
 
 # A benchmark module's pointwise kernels get one launch config (the first of those
@@ -93,7 +101,10 @@ _BENCHMARK_MODULE_CONFIG = {"triton.autotune_pointwise": False}
 
 
 def build(
-    name: str, choices: dict[str, ChoiceCaller], device: torch.device, neighbours: Neighbours
+    name: str,
+    choices: dict[str, ChoiceCaller],
+    device: torch.device,
+    neighbours: Neighbours,
 ) -> dict[str, str]:
     """Compile ``choices`` (by label) of op ``name`` for benchmarking, with
     ``neighbours`` fused in; why each one that cannot run here fails ("" if it can).
@@ -125,15 +136,15 @@ def _start(
     """Start building ``choice``; the function that finishes it (its module loaded)."""
     if needs_symmetric_memory(choice) and device.type != "cuda":
         raise RuntimeError("uses symmetric memory, which needs CUDA")
-    if getattr(choice, "gm", None) is None or not hasattr(choice, "_compile_for_benchmarking"):
+    if getattr(choice, "gm", None) is None or not hasattr(
+        choice, "_compile_for_benchmarking"
+    ):
         choice.to_callable()
         return lambda: None
     if choice._compiled_module is not None:  # type: ignore[attr-defined]
         return lambda: None
     compile_choice = (
-        dispatch.benchmark_module
-        if dispatch.is_range(name)
-        else module_for_benchmark
+        dispatch.benchmark_module if dispatch.is_range(name) else module_for_benchmark
     )
     if device.type != "cuda":  # lowered, and timed as traced (see eager_module)
         compile_choice(choice, neighbours, LOWER)
@@ -171,9 +182,9 @@ def _prepared_inputs(
     )
     tensors, _ = args.get_benchmark_tensors(False).unpack()
     tensors = list(tensors)
-    available = not any(needs_symmetric_memory(c) for c in choices) or _move_to_symmetric_memory(
-        tensors, process_group, session
-    )
+    available = not any(
+        needs_symmetric_memory(c) for c in choices
+    ) or _move_to_symmetric_memory(tensors, process_group, session)
     # Vote topics carry these names, so they must be the same on every rank.
     candidates = [
         (
@@ -263,7 +274,10 @@ def _runner(
 
     else:
         # The op's own implementation: waited for where its body leaves that to the caller.
-        call = waited_call(kernel, own_waits(getattr(getattr(choice, "choice", None), "op_overload", None)))
+        call = waited_call(
+            kernel,
+            own_waits(getattr(getattr(choice, "choice", None), "op_overload", None)),
+        )
     # The op's own implementation runs as an opaque call in the model, its
     # neighbours as kernels of their own: so here.
     with_neighbours = neighbours.around(call)
@@ -325,7 +339,10 @@ def pick(
     # The vector is identical on every rank; min() keeps the first of equal times.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
-        return DEFAULT, "every choice failed on some rank; using the op's own implementation"
+        return (
+            DEFAULT,
+            "every choice failed on some rank; using the op's own implementation",
+        )
     because = "fastest on its slowest rank"
     if nearest is not None and nearest[0] != names[best] and nearest[0] in names:
         kept = names.index(nearest[0])

@@ -90,7 +90,9 @@ class WaitBeforeRead(TorchDispatchMode):
             ]
             for tensor in written:
                 tree_map_only(
-                    torch.Tensor, lambda t: self.pending.__setitem__(id(t), (t, func.name())), tensor
+                    torch.Tensor,
+                    lambda t: self.pending.__setitem__(id(t), (t, func.name())),
+                    tensor,
                 )
         return out
 
@@ -127,7 +129,9 @@ class Waits(enum.Enum):
 
 # What tracing each implementation showed, for as long as it lives: a function
 # defined anew is traced anew.
-_found: weakref.WeakKeyDictionary[Callable[..., Any], Waits] = weakref.WeakKeyDictionary()
+_found: weakref.WeakKeyDictionary[Callable[..., Any], Waits] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def with_waits(
@@ -151,7 +155,9 @@ def with_waits(
             out = tree_map_only(torch.Tensor, lambda t: mode.wait(t, AT_OUTPUT), out)
         _found[implementation] = Waits.of(mode.added)
         if mode.added:
-            _say_once(op_name(op), getattr(implementation, "__name__", ""), tuple(mode.added))
+            _say_once(
+                op_name(op), getattr(implementation, "__name__", ""), tuple(mode.added)
+            )
         return out
 
     waited.waits_of = (implementation, op)  # type: ignore[attr-defined]
@@ -236,9 +242,15 @@ def trace_own_implementation(
 
     try:
         with V.fake_mode:
-            make_fx(traced, tracing_mode="symbolic")(*[ir_node_to_tensor(n) for n in inputs])
+            make_fx(traced, tracing_mode="symbolic")(
+                *[ir_node_to_tensor(n) for n in inputs]
+            )
     except Exception:  # noqa: BLE001 - a body make_fx cannot trace runs as it is
-        log.debug("the own implementation of %s could not be traced", op_name(op), exc_info=True)
+        log.debug(
+            "the own implementation of %s could not be traced",
+            op_name(op),
+            exc_info=True,
+        )
         _own[body] = OwnImplementation()
         return _own[body]
     if Waits.of(mode.added) is Waits.READS:
@@ -252,7 +264,9 @@ def trace_own_implementation(
         )
     if mode.added:
         _say_once(op_name(op), "(its own)", tuple(mode.added))
-    _own[body] = OwnImplementation(Waits.of(mode.added), tuple(dict.fromkeys(mode.groups)))
+    _own[body] = OwnImplementation(
+        Waits.of(mode.added), tuple(dict.fromkeys(mode.groups))
+    )
     return _own[body]
 
 
