@@ -335,7 +335,8 @@ class Candidate:
 
 
 class ChoiceStatus(str, enum.Enum):
-    """Whether a choice is timed, or why the group dropped it; the same on every rank."""
+    """Whether a choice is timed, or why the group dropped it: the same on every
+    rank."""
 
     # It passed its screen.
     OK = "ok"
@@ -650,8 +651,9 @@ class CollectiveBenchmarker:
             fewest = self._fewest_calls(t)
             if math.isfinite(t) and t * fewest > budget_us:
                 over[i] = (
-                    f"over budget: its first call took {t / 1e6:.3g} s on its slowest rank, and "
-                    f"timing it takes at least {fewest} calls, over collective_benchmark_timeout="
+                    f"over budget: its first call took {t / 1e6:.3g} s on its slowest "
+                    f"rank, and timing it takes at least {fewest} calls, over "
+                    "collective_benchmark_timeout="
                     f"{self.settings.timeout:g} s"
                 )
         if reference in over:
@@ -680,7 +682,8 @@ class CollectiveBenchmarker:
         live = [i for i, s in enumerate(status) if s.ok]
         batches: list[_Batch | None] = [None] * len(candidates)
         if self.mode == "graph":
-            # The screen's times are the slowest rank's: every rank captures as many calls.
+            # The screen's times are the slowest rank's: every rank captures as many
+            # calls.
             calls = [
                 _calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS)
                 for t in first_call_us
@@ -1047,7 +1050,8 @@ class ScreenInputs:
             t.copy_(p)
 
     def written(self) -> int | None:
-        """The first input the last call wrote into against the op's declaration, or None."""
+        """The first input the last call wrote into against the op's declaration, or
+        None."""
         return next(
             (
                 i

@@ -21,8 +21,9 @@ sleep and do not depend on the host's timing): a winner clearly ahead, or a near
 which either choice serves as well (timing it again at every restart would cost a
 benchmark each time, and could flip between implementations whose numerics differ).
 Otherwise it is *provisional*: used for the job, kept on disk as provisional, and
-re-timed by the next job that meets it (winner against runner-up only), which settles or replaces it. Every
-input is identical on every rank (one MAX all-reduce), so every rank takes the same path.
+re-timed by the next job that meets it (winner against runner-up only), which settles
+or replaces it. Every input is identical on every rank (one MAX all-reduce), so every
+rank takes the same path.
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@ own files (ranks of a host usually share them); a decision read from disk is use
 only when every rank of the group read the identical entry, which the group checks in
 one vote (see collective/graph_sessions.py), and otherwise the group tunes afresh.
 
-A file that cannot be read, does not parse, or belongs to another key or environment
-is a miss, never an error. Files are written atomically (codecache.write_atomic), so a
+A file that cannot be read, does not parse, or belongs to another key or environment is
+a miss, never an error. Files are written atomically (codecache.write_atomic), so a
 reader never sees half an entry. A key covers the code identity of every choice
 (kernel/collective/choices.py:code_identity), so a changed implementation is a miss; and
-a stored winner is screened against the op's own implementation again before a
-restart uses it (kernel/collective/graph_sessions.py), so an edited file cannot make a wrong
-choice run. To forget every decision, delete the ``collective_autotuning`` folder of
-the cache dir; ``collective_autotune_persist=False`` neither reads nor writes them, and
+a stored winner is screened against the op's own implementation again before a restart
+uses it (kernel/collective/graph_sessions.py), so an edited file cannot make a wrong
+choice run. To forget every decision, delete the ``collective_autotuning`` folder of the
+cache dir; ``collective_autotune_persist=False`` neither reads nor writes them, and
 ``collective_autotune_retune=True`` ignores what is there and overwrites it with fresh
 measurements.
 """

@@ -2,22 +2,23 @@
 
 ``register_custom_op_autotuning`` tells :func:`note_registration` about each op;
 ``autotune_custom_op`` lets :func:`prepare_choices` ready its inputs and
-implementations, then calls :func:`detect_collective` to learn whether the op's
-choices communicate and over which process group; ``AlgorithmSelectorCache`` hands
-such ops to :func:`select_collective_choice`. That takes the group's decision for the
-call site's key from the graph's session (kernel/collective/graph_sessions.py): a decision made
-earlier in the job, one every rank stored on disk (runtime/collective_decisions.py),
-or a benchmark of the choices in lockstep on every rank of the group
+implementations, then calls :func:`detect_collective` to learn whether the op's choices
+communicate and over which process group; ``AlgorithmSelectorCache`` hands such ops to
+:func:`select_collective_choice`. That takes the group's decision for the call site's
+key from the graph's session (kernel/collective/graph_sessions.py): a decision made
+earlier in the job, one every rank stored on disk (runtime/collective_decisions.py), or
+a benchmark of the choices in lockstep on every rank of the group
 (runtime/collective_benchmarking.py).
 
-This module only wires those hooks to the modules that do the work, below it:
-detection of collectives and their groups (collective/detection.py), the choices' names
-and code (collective/choices.py), one site's decision (collective/selection.py, timed by
-collective/timing.py), the graph's sessions (collective/graph_sessions.py), dynamic sizes
-(collective/dispatch.py), the records and their table (collective/records.py), and what is
-installed into upstream at run time (collective/dynamo_callbacks.py). Each decision is timed
-in Inductor's compile metrics (``dynamo_timed``, in ``compile_time_autotune_time_us``)
-and kept as a ``collective_autotuning`` artifact for tlparse (``TORCH_TRACE``).
+This module only wires those hooks to the modules that do the work, below it: detection
+of collectives and their groups (collective/detection.py), the choices' names and code
+(collective/choices.py), one site's decision (collective/selection.py, timed by
+collective/timing.py), the graph's sessions (collective/graph_sessions.py), dynamic
+sizes (collective/dispatch.py), the records and their table (collective/records.py), and
+what is installed into upstream at run time (collective/dynamo_callbacks.py). Each
+decision is timed in Inductor's compile metrics (``dynamo_timed``, in
+``compile_time_autotune_time_us``) and kept as a ``collective_autotuning`` artifact for
+tlparse (``TORCH_TRACE``).
 
 Collective sessions never read or write Inductor's local autotune cache: a hit on one
 rank and a miss on another is exactly how ranks come to inline different

@@ -62,7 +62,8 @@ def site_key(
     """What a decision is for: the op (by its autotuning name), its inputs' sizes,
     strides and dtypes, its choices, how they are timed, the threshold, what the site
     fuses with (the same op may win alone and lose between pointwise neighbours), and
-    the code identity of every implementation (a changed implementation is a new key)."""
+    the code identity of every implementation (a changed implementation is a new
+    key)."""
     return digest(
         name,
         [_node_meta(n) for n in inputs],
@@ -159,8 +160,8 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
     lines = [
         f"collective autotuning: {record.op} on group {record.group_name} "
         f"(ranks {list(record.group_ranks)}), key {record.key}",
-        f"  decision: {record.decision.value} ({record.source.value}); winner: {record.winner} "
-        f"({record.reason})",
+        f"  decision: {record.decision.value} ({record.source.value}); "
+        f"winner: {record.winner} ({record.reason})",
     ]
     if record.timed_with:
         lines.append(f"  timed with its pointwise neighbours: {record.timed_with}")
@@ -170,15 +171,17 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
         width = max(len(t.name) for t in record.timings)
         # The quartiles are what "clearly faster" compares (collective/timing.py:pick).
         lines.append(
-            f"  {'choice':<{width}}  {'slowest rank us':>15}  {'its quartiles us':>17}  "
-            f"{'fastest rank us':>15}  {'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"
+            f"  {'choice':<{width}}  {'slowest rank us':>15}  "
+            f"{'its quartiles us':>17}  {'fastest rank us':>15}  "
+            f"{'calls/sample':>12}  {'samples':>7}  {'skew us':>7}  status"
         )
         for t in record.timings:
             mark = "  <- winner" if t.name == record.winner else ""
             quartiles = f"{t.low_us:.1f}-{t.high_us:.1f}"
             lines.append(
-                f"  {t.name:<{width}}  {t.max_us:>15.1f}  {quartiles:>17}  {t.min_us:>15.1f}  "
-                f"{t.calls_per_sample:>12}  {t.samples:>7}  {t.skew_us:>7.1f}  "
+                f"  {t.name:<{width}}  {t.max_us:>15.1f}  {quartiles:>17}  "
+                f"{t.min_us:>15.1f}  {t.calls_per_sample:>12}  {t.samples:>7}  "
+                f"{t.skew_us:>7.1f}  "
                 f"{t.reason or t.status.value}{mark}"
             )
     return "\n".join(lines)

@@ -4,13 +4,13 @@ Before a site's choices are traced, :func:`prepare_site` describes the call
 (:class:`CallSite`: its group, settings, timing mode, choices and their code, inputs,
 neighbours and key); :func:`settled_range` finds the ranges of a dynamic op that an
 earlier site of the graph settled (nothing is traced for them), and
-:func:`decided_before_tracing` reads whether the group decided the site's key already
-(a read of the Store, no waiting), or whether a range of a dynamic op takes the winner
-of its neighbouring sizes: then only the winner is traced. After, :func:`decide_site`
-takes the group's decision for the key from the graph's session
-(kernel/collective/graph_sessions.py): a decision made earlier in the job, one every rank stored
-on disk and screened again (runtime/collective_decisions.py), or a benchmark of the
-choices in lockstep on every rank of the group (kernel/collective/timing.py), and
+:func:`decided_before_tracing` reads whether the group decided the site's key already (a
+read of the Store, no waiting), or whether a range of a dynamic op takes the winner of
+its neighbouring sizes: then only the winner is traced. After, :func:`decide_site` takes
+the group's decision for the key from the graph's session
+(kernel/collective/graph_sessions.py): a decision made earlier in the job, one every
+rank stored on disk and screened again (runtime/collective_decisions.py), or a benchmark
+of the choices in lockstep on every rank of the group (kernel/collective/timing.py), and
 returns this rank's record of it.
 """
 
@@ -293,7 +293,8 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
 
 
 def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
-    """The positions, among ``op``'s tensor arguments, of those it declares it writes."""
+    """The positions, among ``op``'s tensor arguments, of those it declares it
+    writes."""
     arguments = [
         a for a in op._schema.arguments if isinstance(a.type, torch.TensorType)
     ]
@@ -421,7 +422,8 @@ def _site_after_tracing(
     benchmark_with_cudagraphs: bool,
 ) -> CallSite:
     """The call site of op ``name`` as ``prepared`` before tracing (on the group
-    detection found), or described from its traced choices where nothing was prepared."""
+    detection found), or described from its traced choices where nothing was
+    prepared."""
     if prepared is not None:
         neighbours = timed_with(prepared.neighbours, choices)
         return dataclasses.replace(prepared, group=group, neighbours=neighbours)

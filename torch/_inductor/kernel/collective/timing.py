@@ -1,7 +1,7 @@
 """Timing a key's choices on this rank, in lockstep with its group, and the winner.
 
-Once the group agreed to benchmark a key (kernel/collective/graph_sessions.py), each rank
-compiles its choices (:func:`build`: with the call site's pointwise neighbours, or for
+Once the group agreed to benchmark a key (kernel/collective/graph_sessions.py), each
+rank compiles its choices (:func:`build`: with the call site's pointwise neighbours, or for
 any size where the key is a range of a dynamic op), makes the benchmark inputs as
 Inductor makes them (in symmetric memory where a choice needs it), and hands one runner
 per choice to runtime/collective_benchmarking's CollectiveBenchmarker
@@ -273,7 +273,8 @@ def _runner(
             return out
 
     else:
-        # The op's own implementation: waited for where its body leaves that to the caller.
+        # The op's own implementation: waited for where its body leaves that to the
+        # caller.
         call = waited_call(
             kernel,
             own_waits(getattr(getattr(choice, "choice", None), "op_overload", None)),
@@ -291,7 +292,8 @@ _SYMMETRIC_MEMORY_READY = "ok"
 def _move_to_symmetric_memory(
     inputs: list[torch.Tensor], group: ProcessGroup, session: CollectiveSession
 ) -> bool:
-    """Replace ``inputs`` by copies in symmetric memory of ``group`` (all ranks at once)."""
+    """Replace ``inputs`` by copies in symmetric memory of ``group`` (all ranks at
+    once)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
     outcome = _SYMMETRIC_MEMORY_READY
@@ -346,12 +348,14 @@ def pick(
     because = "fastest on its slowest rank"
     if nearest is not None and nearest[0] != names[best] and nearest[0] in names:
         kept = names.index(nearest[0])
-        # (A kept choice that failed has infinite quartiles: anything is clearly faster.)
+        # (A kept choice that failed has infinite quartiles: anything is clearly
+        # faster.)
         if not timings[best].clearly_faster_than(timings[kept]):
             because = (
-                f"{names[best]} is not clearly faster at this range's top size on their "
-                f"slowest ranks (their quartiles are within {100 * DROP_MARGIN:g}% of each "
-                f"other), and {names[kept]} won at {nearest[1]}"
+                f"{names[best]} is not clearly faster at this range's top size on "
+                "their slowest ranks (their quartiles are within "
+                f"{100 * DROP_MARGIN:g}% of each other), and {names[kept]} won at "
+                f"{nearest[1]}"
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
@@ -364,8 +368,8 @@ def pick(
         and timings[best].max_us * min_speedup_threshold > own.max_us
     ):
         return DEFAULT, (
-            f"{names[best]} is only {own.max_us / timings[best].max_us:.2f}x faster than "
-            f"the op's own implementation on its slowest rank, below "
+            f"{names[best]} is only {own.max_us / timings[best].max_us:.2f}x faster "
+            "than the op's own implementation on its slowest rank, below "
             f"min_speedup_threshold={min_speedup_threshold:g}"
         )
     return names[best], because
