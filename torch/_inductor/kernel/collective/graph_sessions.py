@@ -136,13 +136,38 @@ class GroupChoice:
     # neighbouring ranges may interpolate between (a fallback is none).
     unsure: bool = dataclasses.field(default=False, compare=False)
 
+    def to_wire(self) -> list[Any]:
+        """The decision as a JSON list: ``[winner, provisional, unsure]``."""
+        return [self.winner, self.provisional, self.unsure]
+
+    @staticmethod
+    def from_wire(value: Any) -> GroupChoice:
+        """The decision ``value`` holds; CollectiveAutotuneError where it holds none."""
+        if not (
+            isinstance(value, list)
+            and len(value) in (2, 3)
+            and isinstance(value[0], str)
+            and all(isinstance(flag, bool) for flag in value[1:])
+        ):
+            raise _malformed("a group's decision", value)
+        return GroupChoice(value[0], value[1], len(value) == 3 and value[2])
+
     def encode(self) -> str:
-        return json.dumps([self.winner, self.provisional, self.unsure])
+        """The decision as the Store keeps it (PUBLISH)."""
+        return json.dumps(self.to_wire())
 
     @staticmethod
     def decode(raw: str) -> GroupChoice:
-        winner, provisional, *unsure = json.loads(raw)
-        return GroupChoice(winner, provisional, bool(unsure and unsure[0]))
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise _malformed("a group's decision", raw) from e
+        return GroupChoice.from_wire(value)
+
+
+def _malformed(what: str, value: Any) -> CollectiveAutotuneError:
+    """The error for a message of the group's that is not what this code writes."""
+    return CollectiveAutotuneError(f"{what} is malformed: {str(value)[:200]!r}")
 
 
 def decided(decisions: GroupDecisions, key: str) -> Optional[GroupChoice]:
@@ -340,39 +365,79 @@ def _resolve(group_name: str) -> Optional[ProcessGroup]:
 
 @dataclasses.dataclass(frozen=True)
 class SiteReport:
-    """What one rank knows of a key before anything is built."""
+    """What one rank knows of a key before anything is built: its vote on the key."""
 
     key: str
     choices: tuple[str, ...]
-    # The group's decision for the key, if one was published (GroupChoice, encoded).
-    decided: str
-    # This rank's stored decision: its digest and winner, or empty.
-    stored: str
-    stored_winner: str
+    # The group's decision for the key, if one was published.
+    decided: Optional[GroupChoice]
+    # This rank's stored decision, if it holds one: its digest and winner.
+    stored: Optional[str]
+    stored_winner: Optional[str]
     # Choices that cannot be used here (raised while traced, did not build), and why.
     failed: dict[str, str]
     # Whether this rank built its choices before reporting (and ``failed`` says which
     # did not build).
     built: bool = False
     # Where the stored decision is provisional: the runner-up to time its winner against.
-    stored_runner_up: str = ""
+    stored_runner_up: Optional[str] = None
 
-    def encode(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+    def to_wire(self) -> dict[str, Any]:
+        """The report as its vote carries it: one JSON object, None as null."""
+        return {
+            "key": self.key,
+            "choices": list(self.choices),
+            "decided": None if self.decided is None else self.decided.to_wire(),
+            "stored": self.stored,
+            "stored_winner": self.stored_winner,
+            "failed": dict(self.failed),
+            "built": self.built,
+            "stored_runner_up": self.stored_runner_up,
+        }
 
     @staticmethod
-    def decode(raw: str) -> SiteReport:
-        d = json.loads(raw)
+    def from_wire(value: Any) -> SiteReport:
+        """The report ``value`` holds; CollectiveAutotuneError where it is malformed."""
+        if not isinstance(value, dict):
+            raise _malformed("a site report", value)
+        wrong = sorted(set(value) ^ set(_REPORT_FIELDS)) or [
+            name for name, valid in _REPORT_FIELDS.items() if not valid(value[name])
+        ]
+        if wrong:
+            raise _malformed(f"a site report (fields {wrong})", value)
+        decided = value["decided"]
         return SiteReport(
-            d["key"],
-            tuple(d["choices"]),
-            d["decided"],
-            d["stored"],
-            d["stored_winner"],
-            d["failed"],
-            d["built"],
-            d.get("stored_runner_up", ""),
+            value["key"],
+            tuple(value["choices"]),
+            None if decided is None else GroupChoice.from_wire(decided),
+            value["stored"],
+            value["stored_winner"],
+            value["failed"],
+            value["built"],
+            value["stored_runner_up"],
         )
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _reasons(value: Any) -> bool:
+    """Whether ``value`` maps choices to why they failed."""
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+# Each field of a site report on the wire, and what its value must be.
+_REPORT_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "key": lambda v: isinstance(v, str),
+    "choices": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+    "decided": lambda v: v is None or isinstance(v, list),
+    "stored": _optional_str,
+    "stored_winner": _optional_str,
+    "failed": _reasons,
+    "built": lambda v: isinstance(v, bool),
+    "stored_runner_up": _optional_str,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,9 +569,9 @@ def _vote_key(
             report = dataclasses.replace(
                 report, failed={**build(runnable), **report.failed}, built=True
             )
-    votes = session.session.vote(topic, report.encode())
-    reports = [SiteReport.decode(r) for r in votes]
-    published = next((GroupChoice.decode(r.decided) for r in reports if r.decided), None)
+    votes = session.session.vote(topic, report.to_wire())
+    reports = [SiteReport.from_wire(vote) for vote in votes]
+    published = next((r.decided for r in reports if r.decided is not None), None)
     if published is not None:
         return _taken(published, "decided earlier in this job")
     differing = _differing(reports, default)
@@ -559,7 +624,7 @@ def _stored_decision(
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
     if not (
-        len(stored) == 1 and "" not in stored and winner in choices and winner not in failed
+        len(stored) == 1 and None not in stored and winner in choices and winner not in failed
     ):
         return None
     # A provisional decision (timed without confidence) is timed again against its
@@ -661,8 +726,10 @@ def _built(
     """Build ``labels`` on this rank and vote: why each failed, on which ranks."""
     with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
         failures = build(labels)
-    outcomes = session.session.vote(topic, json.dumps(failures, sort_keys=True))
-    return _failures([json.loads(outcome) for outcome in outcomes])
+    votes = session.session.vote(topic, failures)
+    if not all(_reasons(vote) for vote in votes):
+        raise _malformed(f"a vote on {topic}", votes)
+    return _failures(votes)
 
 
 def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
