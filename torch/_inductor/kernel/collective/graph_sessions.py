@@ -624,7 +624,10 @@ def _stored_decision(
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
     if not (
-        len(stored) == 1 and None not in stored and winner in choices and winner not in failed
+        len(stored) == 1
+        and None not in stored
+        and winner in choices
+        and winner not in failed
     ):
         return None
     # A provisional decision (timed without confidence) is timed again against its
