@@ -134,12 +134,12 @@ _MIN_GRAPH_CALLS = 8
 # host-paced eager samples on GPUs jitter more.
 _MIN_ROUNDS = 3
 _MIN_EAGER_GPU_ROUNDS = 5
-# Choices within this fraction of the leader's median are a tie: more samples would
-# not change which is faster by a margin that matters.
-TIE_FRACTION = 0.02
 # A choice is clearly slower when its lower quartile is above the leader's upper
 # quartile by at least this fraction: quartiles of a few samples still move.
 DROP_MARGIN = 0.02
+# Choices whose medians are within the same margin of the leader's are a tie: more
+# samples would not change which is faster by a margin that matters.
+TIE_FRACTION = DROP_MARGIN
 # GPU time (us) that the host gets to enqueue a graph round before the GPU reaches it:
 # a few launches and event records per choice.
 _HOST_LEAD_US = 400.0
