@@ -823,15 +823,25 @@ def _lowering_probe() -> Any:
 def _lowered_through(lower: Callable[[Any], Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, what probe(x.relu()) + 1 compiled gives for it), x's first size dynamic and
     the probe lowered by ``lower`` (given the probe's input, an IR node)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+
     probe = _lowering_probe()
     _PROBE_LOWERINGS.append(lower)
+    # Lowered every time (no graph caches), its kernels' code cached: a check and
+    # its break build them once.
+    torch._dynamo.reset()
     try:
-        with fresh_inductor():
+        with (
+            config.patch(fx_graph_cache=False),
+            functorch_config.patch(enable_autograd_cache=False),
+        ):
             x = torch.randn(6, 3)
             torch._dynamo.mark_dynamic(x, 0)
             return x, torch.compile(lambda t: probe(t.relu()) + 1, fullgraph=True)(x)
     finally:
         _PROBE_LOWERINGS.pop()
+        torch._dynamo.reset()
 
 
 def _traced(fn: Callable[..., Any], inputs: list[Any]) -> torch.fx.GraphModule:
@@ -963,11 +973,26 @@ def check_ir_classes() -> None:
 
 
 def break_ir_classes() -> contextlib.AbstractContextManager[Any]:
-    from torch._inductor import ir
+    from torch._inductor import ir, lowering
 
-    # ir.Pointwise renamed, its old name an alias that makes the new class's nodes.
-    alias = type("Pointwise", (), {"create": staticmethod(ir.Pointwise.create)})
-    return mock.patch.object(ir, "Pointwise", alias)
+    op = torch.ops.collective_contract.lowering_probe.default
+    _lowering_probe()
+    original = lowering.lowerings[op]
+
+    # A custom op's inputs handed to its lowering as views of fixed strides (of the
+    # realized buffer): a TensorBox of a ReinterpretView.
+    def lower(x: Any) -> Any:
+        x.realize()
+        buffer = x.data.data
+        layout = ir.FixedLayout(
+            buffer.get_device(),
+            buffer.get_dtype(),
+            buffer.get_size(),
+            buffer.get_stride(),
+        )
+        return original(ir.TensorBox(ir.ReinterpretView(data=buffer, layout=layout)))
+
+    return mock.patch.dict(lowering.lowerings, {op: lower})
 
 
 def check_fallback_handler() -> None:
