@@ -566,7 +566,15 @@ def check_store_primitives() -> None:
 def break_store_waits() -> contextlib.AbstractContextManager[Any]:
     import torch.distributed as dist
 
-    return mock.patch.object(dist, "DistStoreError", type("Other", (Exception,), {}))
+    class PrefixStore(dist.PrefixStore):
+        # A wait that runs out reported as a network error (as a lost Store is).
+        def wait(self, keys: list[str], *timeout: Any) -> None:
+            try:
+                super().wait(keys, *timeout)
+            except dist.DistStoreError as e:
+                raise dist.DistNetworkError(str(e)) from e
+
+    return mock.patch.object(dist, "PrefixStore", PrefixStore)
 
 
 def check_one_pointwise_config_without_autotuning() -> None:
