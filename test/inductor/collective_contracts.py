@@ -7,7 +7,13 @@ could break it (``breaks``: the same internal as a change upstream would leave i
 When torch moves, a contract fails and says which assumption; nothing of ours goes
 silently dead.
 
-* ``test_collective_autotuning_contracts.py`` runs every contract as a test, and shows
+A check calls what it names on a tiny input and looks at what it does (where no tiny
+input can be made, as for the range-based lowering the diff calls, it checks the
+signature). A break keeps the name and changes its behaviour as upstream could (a
+renamed or keyword-only argument, another return, a hook no longer called, a field
+with a new meaning): a removal would show only that a check looks the name up.
+
+* ``test_collective_op_tuning_contracts.py`` runs every contract as a test, and shows
   that each one fails once its assumption is broken.
 * ``python test/inductor/collective_contracts.py`` prints one line per contract and
   exits 1 if any fails: ``tools/overlay.py check`` runs it with the torch being
