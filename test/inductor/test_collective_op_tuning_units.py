@@ -521,5 +521,24 @@ class TestCollectiveOpTuningUnits(TestCase):
             choices._registered_identities.pop(name, None)
 
 
+    def test_a_graph_calls_a_collective_where_an_op_communicates_or_names_a_group(self):
+        from torch._inductor.kernel.collective.detection import collective_calls
+
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        # torch's own op whose argument "group" is a count: no collective.
+        norm = graph.call_function(
+            torch.ops.aten.native_group_norm.default,
+            (x, None, None, 1, 4, 2, 2, 1e-5),
+        )
+        # A custom op named like a collective, naming no group: none either.
+        weights = graph.call_function(
+            torch.ops.cat_units.broadcast_weights.default, (norm,)
+        )
+        graph.output(weights)
+        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+        assert collective_calls(gm) == []
+
+
 if __name__ == "__main__":
     run_tests()

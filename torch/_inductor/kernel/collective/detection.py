@@ -44,13 +44,21 @@ def names_a_collective(op: OpOverload) -> bool:
 
 
 def collective_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The calls of collective ops in ``gm`` (a choice's traced implementation)."""
+    """The calls of collective ops in ``gm`` (a choice's traced implementation): of the
+    ops that communicate, and of opaque custom ops that name a process group (torch's
+    own ops name none: ``aten::native_group_norm``'s ``group`` is a count)."""
     return [
         node
         for node in gm.graph.nodes
         if node.op == "call_function"
         and isinstance(node.target, torch._ops.OpOverload)
-        and is_collective_op(node.target)
+        and (
+            is_collective_op(node.target)
+            or (
+                not torch._library.utils.is_builtin(node.target)
+                and names_a_collective(node.target)
+            )
+        )
     ]
 
 
