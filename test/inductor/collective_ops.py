@@ -301,6 +301,7 @@ def slow_to_trace(name: str, wait_ms: str = "0") -> Callable:
     def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
         if os.environ.get("CAT_TEST_SLOW_TRACE_RANK") == str(dist.get_rank()) and not _slow_traced:
             _slow_traced.append(name)
+            # The fault under test: a compile that outlasts the timeout (no event to wait for).
             time.sleep(float(os.environ["CAT_TEST_SLOW_TRACE_S"]))
         out = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
         return out if wait_ms == "0" else delay(out, wait_ms)

@@ -20,8 +20,10 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 import collective_ops as ops
 from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
+from collective_scenarios import decision_files, NO_GRAPH_CACHES
 from test_collective_op_tuning import check_agreement, one_op_body
-from test_collective_op_tuning_faults import decision_files, NO_GRAPH_CACHES, writes_input_body, zeroes_body
+from test_collective_op_tuning_failing_choices import writes_input_body
+from test_collective_op_tuning_persistence import zeroes_body
 from test_collective_op_tuning_graphs import forward_and_backward_body, mixed_winner_layers
 
 

@@ -14,7 +14,7 @@ requests wait for ever) at one moment of the protocol:
 * while the ranks benchmark (a choice holds its first call until the Store is gone);
 * after the decisions are published, before the next compile.
 
-Each rank is a process of its own running this file as a script, and ends as a script
+Each rank is a process of its own running store_loss_rank.py, and ends as a script
 does (no ``os._exit``), so that what its exit waits for is measured. Every rank must
 raise a StoreLostError (Inductor wraps it: it is found in the exception's chain) within
 ``collective_benchmark_timeout`` + 5 s of its first request after the loss (its first
@@ -28,20 +28,29 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from datetime import timedelta
+import unittest
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-import pytest
 import torch
 import torch.distributed as dist
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
 
 import collective_ops as ops
 from collective_harness import Rank, run_ranks, under_torchrun
+from store_loss_rank import PATIENCE_S
+from test_collective_op_tuning_failing_choices import dies_while_building_body
 
 
 TIMEOUT_S = 4.0
@@ -49,9 +58,9 @@ TIMEOUT_S = 4.0
 # request after the loss, the exit within this of the error.
 ERROR_MARGIN_S = 5.0
 EXIT_S = 5.0
-# Compiling on a loaded 2-core machine, before the moment of loss.
-PATIENCE_S = 180.0
 COMPILE_MARGIN_S = 60.0
+# What each rank runs.
+RANK_SCRIPT = str(Path(__file__).with_name("store_loss_rank.py"))
 
 MOMENTS = ["before_the_first_compile", "waiting_in_a_vote", "benchmarking", "between_compiles"]
 
@@ -66,250 +75,20 @@ class Unanswering(dist.Store):
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
+        self.asked = threading.Event()  # a request reached it
         self.released = threading.Event()
 
     def add(self, key: str, value: int) -> int:
         self.calls += 1
+        self.asked.set()
         self.released.wait(60)
         return 0
-
-
-def test_the_heartbeat_and_the_session_share_one_deadline_and_a_lost_store_is_not_asked_again():
-    from torch._inductor.runtime.collective_protocol import StoreClient, StoreLostError
-
-    store = Unanswering()
-    client = StoreClient(store, "10.0.0.1:29500", timeout=2.0)
-    heartbeat_error: list[BaseException] = []
-
-    def beat() -> None:
-        with client.during("a heartbeat"), pytest.raises(StoreLostError) as e:
-            client.add("progress", 1)
-        heartbeat_error.append(e.value)
-
-    try:
-        began = time.monotonic()
-        heartbeat = threading.Thread(target=beat)
-        heartbeat.start()
-        time.sleep(1.0)
-        asked = time.monotonic()
-        with client.during("the vote on site/k"), pytest.raises(StoreLostError) as e:
-            client.add("votes", 1)
-        failed = time.monotonic()
-        heartbeat.join()
-        # Queued behind the heartbeat's request, the session's ended at its deadline:
-        # 2 s after the heartbeat asked, not 2 s after the session did.
-        assert failed - asked < 1.75 and failed - began < 2.75, (failed - began, failed - asked)
-        assert str(e.value) == (
-            "the c10d Store (10.0.0.1:29500) stopped answering during the vote on site/k: no answer "
-            "within 2 s (collective_benchmark_timeout) (seen during a heartbeat)"
-        )
-        assert "stopped answering during a heartbeat: no answer within 2 s" in str(heartbeat_error[0])
-        with client.during("joining session s"), pytest.raises(StoreLostError) as e:
-            client.add("progress", 1)
-        assert "stopped answering during a heartbeat " in str(e.value), e.value
-        assert "this process does not try it again (joining session s)" in str(e.value), e.value
-        # The heartbeat's request reached the Store; the session's never did, nor any later.
-        assert store.calls == 1 and client.requests == 2
-    finally:
-        store.released.set()
-
-
-def test_connecting_counts_in_the_same_deadline_and_is_not_tried_again():
-    from torch._inductor.runtime.collective_protocol import StoreClient, StoreLostError
-
-    released = threading.Event()
-    opened: list[float] = []
-
-    def open_store(seconds: float) -> dist.Store:
-        opened.append(seconds)  # a host that takes the connection and never answers
-        released.wait(60)
-        raise ConnectionResetError("released")
-
-    client = StoreClient(None, "10.0.0.1:29500", 1.0, open_store)
-    try:
-        began = time.monotonic()
-        with client.during("reading the decision for k"), pytest.raises(StoreLostError) as e:
-            client.get("k")
-        assert 1.0 <= time.monotonic() - began < 1.75
-        assert str(e.value) == (
-            "the c10d Store (10.0.0.1:29500) stopped answering during reading the decision for "
-            "k: no answer within 1 s (collective_benchmark_timeout) (seen during connecting)"
-        )
-        with pytest.raises(StoreLostError, match="during connecting .* does not try it again"):
-            client.add("k", 1)
-        assert opened == [1.0]
-    finally:
-        released.set()
-
-
-# -- what runs in each rank's process ------------------------------------------------------
-
-
-@torch.library.custom_op("store_loss_test::held_when_lowered", mutates_args=())
-def held_when_lowered(x: torch.Tensor) -> torch.Tensor:
-    return x.clone()
-
-
-@held_when_lowered.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("store_loss_test::held_when_run", mutates_args=())
-def held_when_run(x: torch.Tensor) -> torch.Tensor:
-    """On its first call in the process (in the benchmark's screen), says so and waits
-    until the Store is gone."""
-    if not _held:
-        _held.append("run")
-        _say(f"benchmarking.{dist.get_rank()}")
-        _until_lost()
-    return x.clone()
-
-
-@held_when_run.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-_held: list[str] = []
-
-
-def _register_held_lowering() -> None:
-    """Lowering held_when_lowered on rank 1 (building its choices, before the key's vote)
-    waits until the Store is gone, the first time: its peer waits in the vote meanwhile."""
-    from torch._inductor.lowering import fallback_handler, register_lowering
-
-    op = torch.ops.store_loss_test.held_when_lowered.default
-
-    @register_lowering(op)
-    def _lower(x):  # type: ignore[no-untyped-def]
-        if dist.get_rank() == 1 and not _held:
-            _held.append("lowered")
-            _until_lost()
-        return fallback_handler(op, add_to_fallback_set=False)(x)
-
-
-_register_held_lowering()
-
-
-def _folder() -> Path:
-    return Path(os.environ["STORE_LOSS_TEST_DIR"])
-
-
-def _say(marker: str) -> None:
-    """Tell the test that this rank reached ``marker``."""
-    (_folder() / marker).touch()
-
-
-def _until_lost() -> float:
-    """Wait until the test has taken the Store away; when it did (time.time())."""
-    lost = _folder() / "lost"
-    give_up = time.monotonic() + PATIENCE_S
-    while not lost.exists():
-        if time.monotonic() > give_up:
-            raise TimeoutError("the test never took the Store away")
-        time.sleep(0.02)
-    return float(lost.read_text())
-
-
-def _record_requests(rank: int) -> list[dict[str, Any]]:
-    """Every request of the protocol's client from now on: thread, operation, phase,
-    start and end (time.time()). Rank 0 says when it waits in a vote."""
-    from torch._inductor.runtime.collective_protocol import StoreClient
-
-    log: list[dict[str, Any]] = []
-    request = StoreClient._request
-
-    def recorded(self: StoreClient, fn: Any, *args: Any) -> Any:
-        phase = getattr(self._phase, "value", None) or ""
-        entry = {"main": threading.current_thread() is threading.main_thread(), "op": fn.__name__}
-        entry.update(phase=phase, start=time.time(), end=None)
-        log.append(entry)
-        if rank == 0 and fn.__name__ == "wait" and phase.startswith("the vote on site/"):
-            _say("waiting.0")
-        try:
-            return request(self, fn, *args)
-        finally:
-            entry["end"] = time.time()
-
-    StoreClient._request = recorded  # type: ignore[method-assign]
-    return log
-
-
-def _store_lost(error: BaseException) -> Optional[BaseException]:
-    """The StoreLostError in ``error``'s chain (Inductor and Dynamo wrap what lowering
-    raised), if any."""
-    from torch._inductor.runtime.collective_protocol import StoreLostError
-
-    seen: set[int] = set()
-    todo: list[Optional[BaseException]] = [error]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, StoreLostError):
-            return e
-        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
-    return None
-
-
-def _compile(size: int) -> dict[str, Any]:
-    """Compile and run the op on a size x size input: when it began and ended, and what
-    it raised (None where it did not)."""
-    group = dist.group.WORLD.group_name
-    began = time.time()
-    try:
-        torch.compile(lambda x: ops.all_reduce(x, group), dynamic=False)(torch.ones(size, size))
-        error = None
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
-        error = e
-    ended = time.time()
-    lost = _store_lost(error) if error is not None else None
-    return {
-        "began": began,
-        "ended": ended,
-        "error": None if error is None else f"{type(error).__name__}: {error}"[:2000],
-        "store_lost": None if lost is None else str(lost),
-    }
-
-
-def rank_main(rank: int, port: int, moment: str) -> None:
-    from torch._inductor.runtime import collective_protocol
-
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    requests = _record_requests(rank)
-    held = {
-        "waiting_in_a_vote": ops.all_reduce_then(
-            "held_when_lowered", before=lambda x: torch.ops.store_loss_test.held_when_lowered(x)
-        ),
-        "benchmarking": ops.all_reduce_then(
-            "held_when_run", before=lambda x: torch.ops.store_loss_test.held_when_run(x)
-        ),
-    }
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), held.get(moment, ops.reduce_scatter_all_gather))
-    report: dict[str, Any] = {}
-    if moment == "between_compiles":
-        report["first"] = _compile(8)
-    if moment in ("before_the_first_compile", "between_compiles"):
-        _say(f"ready.{rank}")
-        _until_lost()
-    report["compile"] = _compile(16)
-    if moment == "before_the_first_compile":
-        # A later compile neither connects nor sends anything: it says the Store is lost.
-        sent = collective_protocol._participant.client.requests
-        report["later"] = _compile(32)
-        report["later_sent"] = collective_protocol._participant.client.requests - sent
-    report["lost"] = _until_lost()
-    report["requests"] = requests
-    (_folder() / f"report.{rank}.json").write_text(json.dumps(report))
-    # The process ends as a script does: what its exit waits for is measured.
 
 
 # -- the test ----------------------------------------------------------------------------
 
 
+# The Store's host: serves until the test kills or stops it.
 STORE_HOST = """
 import time
 import torch.distributed as dist
@@ -358,7 +137,7 @@ def lose_the_store(moment: str, how: str, folder: Path) -> tuple[float, list[Ran
             with open(folder / f"rank{rank}.log", "w") as log:
                 ranks.append(
                     subprocess.Popen(
-                        [sys.executable, __file__, str(rank), str(port), moment],
+                        [sys.executable, RANK_SCRIPT, str(rank), str(port), moment],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -412,30 +191,6 @@ CASES = [(moment, "killed") for moment in MOMENTS] + [
 ]
 
 
-@pytest.mark.skipif(under_torchrun(), reason="ends the job's Store by design; runs self-spawned only")
-@pytest.mark.parametrize("moment,how", CASES, ids=[f"{m}-{h}" for m, h in CASES])
-def test_a_lost_store_ends_every_rank_within_the_timeout_and_its_exit_waits_for_nothing(moment, how, tmp_path):
-    lost, outcomes = lose_the_store(moment, how, tmp_path)
-    for rank in outcomes:
-        compiled = rank.report["compile"]
-        where = f"rank {rank.rank}: {compiled['error']}\n{rank.log}"
-        assert compiled["store_lost"] is not None, where
-        assert compiled["store_lost"].startswith("the c10d Store (127.0.0.1:"), where
-        error_s = compiled["ended"] - rank.first_request_after(lost)
-        assert error_s < TIMEOUT_S + ERROR_MARGIN_S, (error_s, where)
-        exit_s = rank.exited - compiled["ended"]
-        if moment == "before_the_first_compile":
-            later = rank.report["later"]
-            assert later["store_lost"] is not None and "this process does not try it again" in later["store_lost"], later
-            assert rank.report["later_sent"] == 0, rank.report
-            exit_s = rank.exited - later["ended"]
-        assert exit_s < EXIT_S, (exit_s, where)
-        print(f"{moment}-{how} rank {rank.rank}: error {error_s:.2f} s after its first request after the loss, "
-              f"exit {exit_s:.2f} s after the error: {compiled['store_lost'][:160]}")
-    if moment == "waiting_in_a_vote":
-        assert "during the vote on site/" in outcomes[0].report["compile"]["store_lost"], outcomes[0].report
-
-
 # -- the Store hosted by a rank, as the harness hosts it ---------------------------------------
 
 
@@ -445,6 +200,20 @@ def patched_timeout(seconds: float = TIMEOUT_S):
 
 def register_two_choices() -> None:
     ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather)
+
+
+def _until_gone(store: dist.Store) -> None:
+    """Wait until the Store's host no longer takes connections (its process exited)."""
+    while not isinstance(store, dist.TCPStore):
+        store = store.underlying_store
+    give_up = time.monotonic() + PATIENCE_S
+    while time.monotonic() < give_up:
+        try:
+            socket.create_connection((store.host, store.port), timeout=1.0).close()
+        except OSError:
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the Store's host never went away")
 
 
 def store_lost_body(r: Rank, autotune: bool) -> dict:
@@ -458,7 +227,7 @@ def store_lost_body(r: Rank, autotune: bool) -> dict:
         while store.add("store_lost/ready", 0) < 2:
             time.sleep(0.05)
         os._exit(0)  # rank 0 hosts the Store: it goes with it
-    time.sleep(3.0)
+    _until_gone(store)
     begin = time.monotonic()
     try:
         with patched_timeout(), torch._inductor.config.patch(collective_autotune=autotune):
@@ -470,18 +239,133 @@ def store_lost_body(r: Rank, autotune: bool) -> dict:
     return {"error": error, "s": time.monotonic() - begin, "participant": collective_protocol._participant is not None}
 
 
-@pytest.mark.parametrize("autotune", [True, False])
-def test_a_lost_store_fails_within_the_timeout_and_off_means_no_store_at_all(autotune):
-    _, survivor = run_ranks(2, store_lost_body, autotune, breaks_the_group=True)
-    assert survivor.ok, survivor.error
-    result = survivor.value
-    if autotune:
-        assert result["error"] is not None and "StoreLostError" in result["error"], result
-        assert "the c10d Store (127.0.0.1:" in result["error"] and "stopped answering during" in result["error"]
-        assert result["s"] < TIMEOUT_S + COMPILE_MARGIN_S
-    else:  # switched off: the op's own implementation, nothing of ours touched the Store
-        assert result["error"] is None and not result["participant"], result
+# -- the Store hosted by a rank that dies mid-session ----------------------------------------
+
+
+class TestStoreLoss(TestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        self.addCleanup(tmp.cleanup)
+        self.tmp_path = Path(tmp.name)
+
+    def test_the_heartbeat_and_the_session_share_one_deadline_and_a_lost_store_is_not_asked_again(self):
+        from torch._inductor.runtime.collective_protocol import StoreClient, StoreLostError
+
+        store = Unanswering()
+        client = StoreClient(store, "10.0.0.1:29500", timeout=2.0)
+        heartbeat_error: list[BaseException] = []
+
+        def beat() -> None:
+            with client.during("a heartbeat"), self.assertRaises(StoreLostError) as e:
+                client.add("progress", 1)
+            heartbeat_error.append(e.exception)
+
+        try:
+            began = time.monotonic()
+            heartbeat = threading.Thread(target=beat)
+            heartbeat.start()
+            assert store.asked.wait(60)  # the heartbeat's request is in flight
+            # The scenario: the session asks 1 s after the heartbeat did, half its
+            # deadline; that gap is what the deadline under test must not restart.
+            time.sleep(1.0)
+            asked = time.monotonic()
+            with client.during("the vote on site/k"), self.assertRaises(StoreLostError) as e:
+                client.add("votes", 1)
+            failed = time.monotonic()
+            heartbeat.join()
+            # Queued behind the heartbeat's request, the session's ended at its deadline:
+            # 2 s after the heartbeat asked, not 2 s after the session did.
+            assert failed - asked < 1.75 and failed - began < 2.75, (failed - began, failed - asked)
+            assert str(e.exception) == (
+                "the c10d Store (10.0.0.1:29500) stopped answering during the vote on site/k: no answer "
+                "within 2 s (collective_benchmark_timeout) (seen during a heartbeat)"
+            )
+            assert "stopped answering during a heartbeat: no answer within 2 s" in str(heartbeat_error[0])
+            with client.during("joining session s"), self.assertRaises(StoreLostError) as e:
+                client.add("progress", 1)
+            assert "stopped answering during a heartbeat " in str(e.exception), e.exception
+            assert "this process does not try it again (joining session s)" in str(e.exception), e.exception
+            # The heartbeat's request reached the Store; the session's never did, nor any later.
+            assert store.calls == 1 and client.requests == 2
+        finally:
+            store.released.set()
+
+    def test_connecting_counts_in_the_same_deadline_and_is_not_tried_again(self):
+        from torch._inductor.runtime.collective_protocol import StoreClient, StoreLostError
+
+        released = threading.Event()
+        opened: list[float] = []
+
+        def open_store(seconds: float) -> dist.Store:
+            opened.append(seconds)  # a host that takes the connection and never answers
+            released.wait(60)
+            raise ConnectionResetError("released")
+
+        client = StoreClient(None, "10.0.0.1:29500", 1.0, open_store)
+        try:
+            began = time.monotonic()
+            with client.during("reading the decision for k"), self.assertRaises(StoreLostError) as e:
+                client.get("k")
+            assert 1.0 <= time.monotonic() - began < 1.75
+            assert str(e.exception) == (
+                "the c10d Store (10.0.0.1:29500) stopped answering during reading the decision for "
+                "k: no answer within 1 s (collective_benchmark_timeout) (seen during connecting)"
+            )
+            with self.assertRaisesRegex(StoreLostError, "during connecting .* does not try it again"):
+                client.add("k", 1)
+            assert opened == [1.0]
+        finally:
+            released.set()
+
+    @unittest.skipIf(under_torchrun(), "ends the job's Store by design; runs self-spawned only")
+    @parametrize("moment,how", CASES, name_fn=lambda moment, how: f"{moment}_{how}")
+    def test_a_lost_store_ends_every_rank_within_the_timeout_and_its_exit_waits_for_nothing(self, moment, how):
+        lost, outcomes = lose_the_store(moment, how, self.tmp_path)
+        for rank in outcomes:
+            compiled = rank.report["compile"]
+            where = f"rank {rank.rank}: {compiled['error']}\n{rank.log}"
+            assert compiled["store_lost"] is not None, where
+            assert compiled["store_lost"].startswith("the c10d Store (127.0.0.1:"), where
+            error_s = compiled["ended"] - rank.first_request_after(lost)
+            assert error_s < TIMEOUT_S + ERROR_MARGIN_S, (error_s, where)
+            exit_s = rank.exited - compiled["ended"]
+            if moment == "before_the_first_compile":
+                later = rank.report["later"]
+                assert later["store_lost"] is not None and "this process does not try it again" in later["store_lost"], later
+                assert rank.report["later_sent"] == 0, rank.report
+                exit_s = rank.exited - later["ended"]
+            assert exit_s < EXIT_S, (exit_s, where)
+            print(f"{moment}-{how} rank {rank.rank}: error {error_s:.2f} s after its first request after the loss, "
+                  f"exit {exit_s:.2f} s after the error: {compiled['store_lost'][:160]}")
+        if moment == "waiting_in_a_vote":
+            assert "during the vote on site/" in outcomes[0].report["compile"]["store_lost"], outcomes[0].report
+
+    @parametrize("autotune", [True, False])
+    def test_a_lost_store_fails_within_the_timeout_and_off_means_no_store_at_all(self, autotune):
+        _, survivor = run_ranks(2, store_lost_body, autotune, breaks_the_group=True)
+        assert survivor.ok, survivor.error
+        result = survivor.value
+        if autotune:
+            assert result["error"] is not None and "StoreLostError" in result["error"], result
+            assert "the c10d Store (127.0.0.1:" in result["error"] and "stopped answering during" in result["error"]
+            assert result["s"] < TIMEOUT_S + COMPILE_MARGIN_S
+        else:  # switched off: the op's own implementation, nothing of ours touched the Store
+            assert result["error"] is None and not result["participant"], result
+
+    def test_losing_the_store_mid_session_is_reported_as_such(self):
+        # Rank 0, which hosts the Store, dies; rank 1 waits for it in the build vote.
+        dead, survivor = run_ranks(
+            2, dies_while_building_body, 0, env={"CAT_TEST_DEATH_FILE": str(self.tmp_path / "died")}, breaks_the_group=True
+        )
+        assert dead.wall_s is None and survivor.ok, survivor
+        error = survivor.value["error"]
+        assert error is not None and "StoreLostError: the c10d Store (127.0.0.1:" in error, error
+        assert "stopped answering during the vote on site/" in error, error
+
+
+instantiate_parametrized_tests(TestStoreLoss)
 
 
 if __name__ == "__main__":
-    rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    run_tests()
