@@ -27,7 +27,7 @@ _compiling: list[Any] = []
 
 
 def install(compiling: bool) -> None:
-    """Beat (runtime/collective_protocol.Liveness) while Dynamo compiles a frame or a
+    """Beat (_store_session.Liveness) while Dynamo compiles a frame or a
     lazy backward, in a process that registered a collective op while collective
     tuning is on: a peer's sessions may wait for this compile, and must, as long as it
     goes on. Dynamo runs these callbacks for the outermost compile only.
