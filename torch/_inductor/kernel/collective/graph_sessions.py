@@ -34,7 +34,10 @@ from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective import dynamo_callbacks
-from torch._inductor.kernel.collective.choices import current_identity, is_registered_collective
+from torch._inductor.kernel.collective.choices import (
+    current_identity,
+    is_registered_collective,
+)
 from torch._inductor.kernel.collective.detection import GROUP_ARGUMENTS, op_name
 from torch._inductor.kernel.collective.records import (
     Action,
@@ -81,7 +84,9 @@ def _plan(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
     """
     sites: dict[str, list[str]] = {}
     for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(
+            node.target, torch._ops.OpOverload
+        ):
             continue
         if not is_registered_collective(node.target):
             continue
@@ -259,7 +264,11 @@ def _timing_context() -> tuple[Any, ...]:
 
 
 def _join(
-    group: ProcessGroup, plan: str, settings: BenchmarkSettings, loaded: str, name: str = ""
+    group: ProcessGroup,
+    plan: str,
+    settings: BenchmarkSettings,
+    loaded: str,
+    name: str = "",
 ) -> GroupSession:
     """Join the session ``name`` (the plan's, by default) of ``group``, bringing what
     this rank ``loaded`` from its cache and its ``settings``; raises
@@ -289,12 +298,18 @@ def _join(
     if decision.kind == DecisionKind.MISMATCH:
         raise CollectiveAutotuneError(f"group {group.group_name}: {decision.reason}")
     return GroupSession(
-        group, plan, session, decision, group_decisions(group, settings.timeout), settings
+        group,
+        plan,
+        session,
+        decision,
+        group_decisions(group, settings.timeout),
+        settings,
     )
 
 
 def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
-    """The decisions ``group`` keeps in the Store for the attempt, under its environment."""
+    """The decisions ``group`` keeps in the Store for the attempt, under its
+    environment."""
     import torch.distributed as dist
 
     return GroupDecisions(
@@ -315,7 +330,8 @@ def _decide_graph(joins: list[dict[str, Any]]) -> Decision:
     loaded = [j["loaded"] for j in joins]
     if loaded[0] and all(x == loaded[0] for x in loaded):
         return Decision(
-            DecisionKind.LOAD, "every rank loaded the same compiled graph from its cache"
+            DecisionKind.LOAD,
+            "every rank loaded the same compiled graph from its cache",
         )
     hits = [r for r, x in enumerate(loaded) if x]
     if not hits:
@@ -328,7 +344,8 @@ def _decide_graph(joins: list[dict[str, Any]]) -> Decision:
 
 
 def _differing_settings(per_rank: list[dict[str, Any]]) -> str:
-    """Which knobs differ between the ranks, naming each variable and its values, or ""."""
+    """Which knobs differ between the ranks, naming each variable and its values, or
+    ""."""
     clauses = []
     for knob in sorted(per_rank[0]):
         values = [settings.get(knob) for settings in per_rank]
@@ -337,14 +354,17 @@ def _differing_settings(per_rank: list[dict[str, Any]]) -> str:
             for r, v in enumerate(values):
                 by_value.setdefault(repr(v), []).append(r)
             clauses.append(
-                f"TORCHINDUCTOR_{knob.upper()} (torch._inductor.config.{knob}) differs: "
-                + ", ".join(f"{v} on group ranks {ranks}" for v, ranks in by_value.items())
+                f"TORCHINDUCTOR_{knob.upper()} (torch._inductor.config.{knob}) "
+                "differs: "
+                + ", ".join(
+                    f"{v} on group ranks {ranks}" for v, ranks in by_value.items()
+                )
             )
     if not clauses:
         return ""
     return (
-        "the ranks of the group must tune with the same collective autotuning settings; "
-        + "; ".join(clauses)
+        "the ranks of the group must tune with the same collective autotuning "
+        "settings; " + "; ".join(clauses)
     )
 
 
@@ -379,7 +399,8 @@ class SiteReport:
     # Whether this rank built its choices before reporting (and ``failed`` says which
     # did not build).
     built: bool = False
-    # Where the stored decision is provisional: the runner-up to time its winner against.
+    # Where the stored decision is provisional: the runner-up to time its winner
+    # against.
     stored_runner_up: Optional[str] = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -451,7 +472,8 @@ class SiteDecision:
     provisional: bool = False
 
 
-# What building a site's choices takes: the labels to build; why each that did not fails.
+# What building a site's choices takes: the labels to build; why each that did not
+# fails.
 Build = Callable[[Sequence[str]], dict[str, str]]
 # Screening a stored winner against the op's own implementation on every rank, in the
 # session that votes on the key: "" if it passed, else why not (the same words on every
@@ -479,7 +501,11 @@ def agree_key(
     if settled is not None:
         return (
             SiteDecision(
-                Action.USE, (settled.winner,), SETTLED_IN_GRAPH, Source.JOB, settled.provisional
+                Action.USE,
+                (settled.winner,),
+                SETTLED_IN_GRAPH,
+                Source.JOB,
+                settled.provisional,
             ),
             session,
         )
@@ -493,7 +519,11 @@ def agree_key(
         # settled in this graph, for the key's later sites to reuse untraced.
         session = dataclasses.replace(
             _join(
-                session.group, session.plan, session.settings, loaded="", name=digest(key, "key")
+                session.group,
+                session.plan,
+                session.settings,
+                loaded="",
+                name=digest(key, "key"),
             ),
             plan=session.plan,
             settled=session.settled,
@@ -501,7 +531,9 @@ def agree_key(
         )
         if not session.votes:
             # Its peers decided it in that session without this rank: they publish it.
-            followed = _follow(session, key, default) or _published(session, key, default)
+            followed = _follow(session, key, default) or _published(
+                session, key, default
+            )
             return followed, session
     return _vote_key(session, report(), default, build, verify, timing_allowed), session
 
@@ -514,10 +546,16 @@ def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecis
         # The group did not assemble: the op's own implementation, unless the key
         # was decided before (the same words on the rank that decides and those late).
         winner, provisional = (
-            (stored.winner, stored.provisional) if stored is not None else (default, True)
+            (stored.winner, stored.provisional)
+            if stored is not None
+            else (default, True)
         )
         return SiteDecision(
-            Action.USE, (winner,), session.decision.reason, Source.AGREEMENT, provisional
+            Action.USE,
+            (winner,),
+            session.decision.reason,
+            Source.AGREEMENT,
+            provisional,
         )
     if stored is not None:
         return _taken(stored, "decided earlier in this job")
@@ -529,7 +567,9 @@ def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecis
 
 def _taken(choice: GroupChoice, reason: str) -> SiteDecision:
     """Use what the group decided for a key in this attempt."""
-    return SiteDecision(Action.USE, (choice.winner,), reason, Source.JOB, choice.provisional)
+    return SiteDecision(
+        Action.USE, (choice.winner,), reason, Source.JOB, choice.provisional
+    )
 
 
 def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
@@ -685,7 +725,10 @@ def _decision_on_built(
     note = "".join(f"; dropped {name} ({why})" for name, why in sorted(failed.items()))
     if not runnable:
         return SiteDecision(
-            Action.USE, (default,), f"no choice builds on every rank{note}", Source.AGREEMENT
+            Action.USE,
+            (default,),
+            f"no choice builds on every rank{note}",
+            Source.AGREEMENT,
         )
     if len(runnable) == 1:
         return SiteDecision(
@@ -697,10 +740,16 @@ def _decision_on_built(
     if not timing_allowed:
         chosen = default if default in runnable else runnable[0]
         return SiteDecision(
-            Action.USE, (chosen,), f"config.deterministic: untimed{note}", Source.AGREEMENT
+            Action.USE,
+            (chosen,),
+            f"config.deterministic: untimed{note}",
+            Source.AGREEMENT,
         )
     return SiteDecision(
-        Action.BENCHMARK, tuple(runnable), f"benchmarked on every rank{note}", Source.BENCHMARK
+        Action.BENCHMARK,
+        tuple(runnable),
+        f"benchmarked on every rank{note}",
+        Source.BENCHMARK,
     )
 
 
@@ -717,7 +766,9 @@ def _verify_stored(
     (a decision file may have been edited, a choice may compute differently now),
     building ``also`` with them: "" where all built and the winner passed, else why
     not, the same on every rank."""
-    failed = _built(session, f"{topic}/verify", build, list(dict.fromkeys([default, winner, *also])))
+    failed = _built(
+        session, f"{topic}/verify", build, list(dict.fromkeys([default, winner, *also]))
+    )
     if failed:
         return "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
     return verify(winner, session)
@@ -727,7 +778,9 @@ def _built(
     session: GroupSession, topic: str, build: Build, labels: Sequence[str]
 ) -> dict[str, str]:
     """Build ``labels`` on this rank and vote: why each failed, on which ranks."""
-    with session.session.participant.liveness.working(f"compiling the choices of {topic}"):
+    with session.session.participant.liveness.working(
+        f"compiling the choices of {topic}"
+    ):
         failures = build(labels)
     votes = session.session.vote(topic, failures)
     if not all(_reasons(vote) for vote in votes):
@@ -744,7 +797,9 @@ def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
             failed.setdefault(name, {}).setdefault(why, []).append(r)
     return {
         name: "; ".join(
-            f"group rank {ranks[0]}: {why}" if len(ranks) == 1 else f"group ranks {ranks}: {why}"
+            f"group rank {ranks[0]}: {why}"
+            if len(ranks) == 1
+            else f"group ranks {ranks}: {why}"
             for why, ranks in by_reason.items()
         )
         for name, by_reason in failed.items()
@@ -772,7 +827,9 @@ def settle_key(
         # (a decision never changes): a later graph, a range graph say, asks nothing.
         known = session.decisions.known(key)
         stored = GroupChoice.decode(
-            known if known is not None else session.decisions.publish(key, choice.encode())
+            known
+            if known is not None
+            else session.decisions.publish(key, choice.encode())
         )
         if stored.winner != choice.winner:
             log.info(
@@ -826,7 +883,9 @@ def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
         return True
     import torch.distributed as dist
 
-    if not (config.collective_autotune and dist.is_available() and dist.is_initialized()):
+    if not (
+        config.collective_autotune and dist.is_available() and dist.is_initialized()
+    ):
         return False
     if config.collective_autotune_retune:
         return False
@@ -846,7 +905,10 @@ def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
 
 
 def _group_loads(
-    group_name: str, plan: str, inlined: list[InlinedDecision], settings: BenchmarkSettings
+    group_name: str,
+    plan: str,
+    inlined: list[InlinedDecision],
+    settings: BenchmarkSettings,
 ) -> bool:
     """Whether the group of ``group_name`` takes the decisions ``inlined`` in a cached
     graph of ``plan``, as :func:`cached_graph_may_load` says."""
@@ -859,17 +921,24 @@ def _group_loads(
     if all(v is not None for v in current.values()):
         if current != embedded:
             log.info(
-                "a cached graph inlines %s, the group decided %s: compiling it", embedded, current
+                "a cached graph inlines %s, the group decided %s: compiling it",
+                embedded,
+                current,
             )
             return False
         return True
-    if (group_name, plan) in _pending:  # this hit's graph was already decided to be compiled
+    if (
+        group_name,
+        plan,
+    ) in _pending:  # this hit's graph was already decided to be compiled
         return False
     why_not = _why_not_loadable(group, inlined)
     if why_not:
         # This rank cannot use the hit; joining with nothing loaded tells its peers.
         log.info("a cached graph is not used: %s; compiling it", why_not)
-    loaded = "" if why_not else digest(sorted((k, v.encode()) for k, v in embedded.items()))
+    loaded = (
+        "" if why_not else digest(sorted((k, v.encode()) for k, v in embedded.items()))
+    )
     joined = _join(group, plan, settings, loaded=loaded)
     if joined.decision.kind != DecisionKind.LOAD:
         log.info("cached graph not loaded: %s", joined.decision.reason)
@@ -889,16 +958,20 @@ def _why_not_loadable(group: ProcessGroup, inlined: list[InlinedDecision]) -> st
     for d in inlined:
         if d.provisional:
             return (
-                f"its decision for {d.op} was provisional in an earlier job (a fallback, or "
-                "timed without confidence)"
+                f"its decision for {d.op} was provisional in an earlier job (a "
+                "fallback, or timed without confidence)"
             )
         if d.environment != current_environment(group, d.environment):
             return f"its decision for {d.op} was made in {d.environment}"
         changed = sorted(
-            name for name, identity in d.code.items() if current_identity(name) != identity
+            name
+            for name, identity in d.code.items()
+            if current_identity(name) != identity
         )
         if changed:
-            return f"the implementations {changed} of {d.op} changed since it was compiled"
+            return (
+                f"the implementations {changed} of {d.op} changed since it was compiled"
+            )
     return ""
 
 
