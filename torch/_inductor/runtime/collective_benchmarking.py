@@ -500,8 +500,8 @@ class CollectiveBenchmarker:
                 )
             )
             log.info(
-                "timed %d choices (%s) in %.1f ms: screen (every choice's first call) %.1f, "
-                "batches %.1f, %d rounds %.1f, reduce %.1f",
+                "timed %d choices (%s) in %.1f ms: screen (every choice's first call) "
+                "%.1f, batches %.1f, %d rounds %.1f, reduce %.1f",
                 len(candidates),
                 self.mode,
                 1e3 * (marks[-1] - marks[0]),
@@ -581,7 +581,8 @@ class CollectiveBenchmarker:
                 )
             except CollectiveAutotuneError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the choice's own failure: the group decides
+            # The choice's own failure, whatever it raised: the group decides.
+            except Exception as e:  # noqa: BLE001
                 log.debug(
                     "choice %s raised on this rank", candidate.name, exc_info=True
                 )
@@ -942,7 +943,8 @@ class CollectiveBenchmarker:
                 captured[i] = _capture_graph(candidates[i].run, calls[i])
             except Exception as e:  # noqa: BLE001 - capture records, it runs nothing
                 log.warning(
-                    "choice %s could not be captured in a CUDA graph on this rank (%s: %s)",
+                    "choice %s could not be captured in a CUDA graph on this rank "
+                    "(%s: %s)",
                     candidates[i].name,
                     type(e).__name__,
                     e,
@@ -965,7 +967,8 @@ class CollectiveBenchmarker:
             return fn(*args, **kwargs)
         except CollectiveAutotuneError:
             raise
-        except Exception as e:  # noqa: BLE001 - it failed in our collective: the group's
+        # It failed in our own collective, whatever it raised: the group's.
+        except Exception as e:  # noqa: BLE001
             raise CollectiveAutotuneError(
                 f"{doing}: the group's collectives failed on this rank "
                 f"({describe(e)})"
@@ -1002,8 +1005,8 @@ class CollectiveBenchmarker:
         while not event.query():
             if deadline.expired():
                 raise CollectiveAutotuneError(
-                    f"{doing}: device work did not finish within {self.settings.timeout:g} s "
-                    f"(collective_benchmark_timeout)"
+                    f"{doing}: device work did not finish within "
+                    f"{self.settings.timeout:g} s (collective_benchmark_timeout)"
                     + "".join(f"; {incident}" for incident in self._incidents)
                 )
             if time.monotonic() >= next_look:

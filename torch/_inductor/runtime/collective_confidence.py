@@ -67,9 +67,9 @@ class Confidence:
         if not self.runner_up:
             return "settled: the only choice timed"
         return (
-            f"{'settled' if self.settled else 'provisional'}: {self.reason} (lead over "
-            f"{self.runner_up} {100 * self.lead:+.1f}%, spread {100 * self.spread:.1f}%, "
-            f"host contention {self.contention:.2f})"
+            f"{'settled' if self.settled else 'provisional'}: {self.reason} (lead "
+            f"over {self.runner_up} {100 * self.lead:+.1f}%, spread "
+            f"{100 * self.spread:.1f}%, host contention {self.contention:.2f})"
         )
 
 

@@ -174,7 +174,8 @@ class DecisionStore:
         self.root = root
 
     def load(self, key: str, env: dict[str, Any]) -> Optional[StoredDecision]:
-        """The decision stored for ``key`` in ``env``, or None (a miss, never an error)."""
+        """The decision stored for ``key`` in ``env``, or None (a miss, never an
+        error)."""
         path = self._path(key, env)
         try:
             data = json.loads(path.read_text())

@@ -19,7 +19,8 @@ correctness screen compares the choices' outputs as they are). What a site is fu
 with is part of its key. The ranges of a dynamic op (kernel/collective/dispatch.py) are
 timed with their call site's neighbours too: where one implementation wins every range
 there is no dispatch, and it runs fused as timed. (Where winners differ, the size
-dispatch is a fusion barrier: an inlined winner there pays the pass it was timed without.)
+dispatch is a fusion barrier: an inlined winner there pays the pass it was timed
+without.)
 
 :func:`module_for_benchmark` compiles a choice with its neighbours at its inputs' sizes;
 :func:`compiled_module` compiles a choice's implementation, with its neighbours or
@@ -96,14 +97,16 @@ def neighbours_of_site(inputs: Sequence[Any]) -> Neighbours:
 
 def implementation_of(choice: Any) -> Callable[..., Any]:
     """The user's implementation of a subgraph ``choice``, without the guard
-    prepare_choices put around it (a failure here falls back; it is not the choice's)."""
+    prepare_choices put around it (a failure here falls back; it is not the
+    choice's)."""
     return getattr(choice.decomposition, "__wrapped__", choice.decomposition)
 
 
 @dataclasses.dataclass(frozen=True)
 class EagerModule:
-    """A choice's traced graph run eagerly, its neighbours' stand-ins around it, called as
-    a compiled benchmark module is: ``call([*sym_inputs, *tensors])`` returns its outputs."""
+    """A choice's traced graph run eagerly, its neighbours' stand-ins around it, called
+    as a compiled benchmark module is: ``call([*sym_inputs, *tensors])`` returns its
+    outputs."""
 
     run: Callable[..., torch.Tensor]
     sym_inputs: int
@@ -159,9 +162,9 @@ def compiled_module(
     symbolic: bool,
     stage: Stage = COMPILE,
 ) -> Any:
-    """``implementation`` (a subgraph choice's, with whatever is around it) traced on the
-    choice's inputs and compiled as Inductor compiles its benchmark choices, as far as
-    ``stage`` says. With ``symbolic``, any guard the trace would add on the inputs'
+    """``implementation`` (a subgraph choice's, with whatever is around it) traced on
+    the choice's inputs and compiled as Inductor compiles its benchmark choices, as far
+    as ``stage`` says. With ``symbolic``, any guard the trace would add on the inputs'
     sizes raises instead (the module must be right at every size)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 DEFAULT = "default"
 
 
-# -- what a choice runs ------------------------------------------------------------------
+# -- what a choice runs --------------------------------------------------------------
 
 # Modules whose functions are not the user's: their code changes with torch or Python,
 # which every key already names (the environment), and need not be digested.
@@ -360,8 +360,8 @@ def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
                     )
                 ):
                     return (
-                        f"reads the output of {target.name()} before wait_tensor (in {user.name}): "
-                        "its result races with the communication"
+                        f"reads the output of {target.name()} before wait_tensor "
+                        f"(in {user.name}): its result races with the communication"
                     )
     return ""
 

@@ -67,7 +67,8 @@ def group_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[Any]:
     ``gm`` passes."""
     found = []
     args, kwargs = node.args, node.kwargs
-    for i, argument in enumerate(node.target._schema.arguments):  # type: ignore[union-attr]
+    schema = node.target._schema  # type: ignore[union-attr]
+    for i, argument in enumerate(schema.arguments):
         if argument.name not in GROUP_ARGUMENTS:
             continue
         value = args[i] if i < len(args) else kwargs.get(argument.name)

@@ -81,7 +81,8 @@ _ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = (
 )
 
 
-# The ladder's upper bound of each dynamic size, per ShapeEnv (one per Dynamo frame compile).
+# The ladder's upper bound of each dynamic size, per ShapeEnv (one per Dynamo frame
+# compile).
 _ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
     weakref.WeakKeyDictionary()
 )
@@ -209,7 +210,8 @@ def _nearest_decided(
 
 
 # Benchmark modules of the implementations of range-based ops, per graph being
-# lowered: see benchmark_module. None where an implementation has no size-generic module.
+# lowered: see benchmark_module. None where an implementation has no size-generic
+# module.
 _benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
     weakref.WeakKeyDictionary()
 )
@@ -234,7 +236,8 @@ def benchmark_module(
 
     implementation = implementation_of(choice)
     key = (
-        # The user's function: the wrapper that adds its waits is made anew at every range.
+        # The user's function: the wrapper that adds its waits is made anew at every
+        # range.
         getattr(implementation, "waits_of", (implementation,))[0],
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
@@ -274,7 +277,8 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
         )
     except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
         log.info(
-            "%s is compiled for the benchmark at each range's size: no size-generic module (%s)",
+            "%s is compiled for the benchmark at each range's size: no size-generic "
+            "module (%s)",
             choice.decomposition.__name__,
             describe(e),
         )
@@ -283,7 +287,8 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
 
 
 def _layout_of(node: Any) -> tuple[Any, ...]:
-    """What a module traced on IR node ``node`` depends on: its size, stride, dtype, device."""
+    """What a module traced on IR node ``node`` depends on: its size, stride, dtype,
+    device."""
     return (
         str(node.get_size()),
         str(node.get_stride()),
@@ -298,9 +303,9 @@ def warm_up_sizes(upper: Optional[int] = None) -> list[int]:
     ``collective_autotune_dynamic_max``; pass the model's own bound where it set one).
 
     A serving engine calls its compiled model once at each, after the first compile,
-    so that every range's graph (collective/range_graphs.py) is compiled before it serves:
-    every merged range holds one of these sizes. Calls at sizes of one range after the
-    first compile nothing."""
+    so that every range's graph (collective/range_graphs.py) is compiled before it
+    serves: every merged range holds one of these sizes. Calls at sizes of one range
+    after the first compile nothing."""
     settings = BenchmarkSettings.from_config()
     top = settings.dynamic_max if upper is None else upper
     return [*_points(settings.dynamic_ratio, top), top]
@@ -413,9 +418,9 @@ def _dispatch_of_this_graph(
         taken = next((top, g) for top, g in branches if cell.high <= top)
         dispatch = _traced_dispatch_of(op, [taken], dim, runtime_kwargs, tensor_inputs)
         log.info(
-            "%s: this graph is compiled for %s (%s), inlining %s (winners by size: %s); "
-            "a size outside fails collective autotuning's range guard, and Dynamo compiles "
-            "the graph for its range",
+            "%s: this graph is compiled for %s (%s), inlining %s (winners by size: "
+            "%s); a size outside fails collective autotuning's range guard, and Dynamo "
+            "compiles the graph for its range",
             name,
             cell,
             how,
@@ -546,7 +551,8 @@ def _traced_dispatch(
 
 
 def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
-    """Rename the branches' subgraphs of ``dispatch`` after the call site of ``name``."""
+    """Rename the branches' subgraphs of ``dispatch`` after the call site of
+    ``name``."""
     from torch._inductor.virtualized import V
 
     # Unique in the graph being lowered: the operations so far differ at every site.
@@ -562,8 +568,8 @@ def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
 def lowered_once(
     op: torch._ops.OpOverload, lowering: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """``lowering``, except where ``op`` is lowered inside its own lowering: there the op
-    lowers as itself (a call of its eager kernel).
+    """``lowering``, except where ``op`` is lowered inside its own lowering: there the
+    op lowers as itself (a call of its eager kernel).
 
     A range's dispatch, or a range-based op whose every range chose the op's own
     implementation, traces that implementation, the op itself, into the graph; lowering

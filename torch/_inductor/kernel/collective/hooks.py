@@ -121,9 +121,9 @@ def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) ->
     dynamo_callbacks.install(compiling=False)
     if functorch_config.bundled_autograd_cache:
         _warn_once(
-            "torch._functorch.config.bundled_autograd_cache loads compiled graphs without "
-            f"the FX-graph cache, so cached graphs that inline {op_name(op)} are not "
-            "checked against the group's decisions; turn it off under torchrun"
+            "torch._functorch.config.bundled_autograd_cache loads compiled graphs "
+            f"without the FX-graph cache, so cached graphs that inline {op_name(op)} "
+            "are not checked against the group's decisions; turn it off under torchrun"
         )
 
 
@@ -432,8 +432,9 @@ def _keep(record: CollectiveAutotuneRecord) -> None:
 
     keep_record(record)
     log.info(
-        "collective autotuning %s on group %s: %s (%s; %s%s; tracing the choices %.2f s, "
-        "compiling them %.2f s, timing %.2f s, waiting for the group %.2f s, %d Store requests)",
+        "collective autotuning %s on group %s: %s (%s; %s%s; tracing the choices "
+        "%.2f s, compiling them %.2f s, timing %.2f s, waiting for the group %.2f s, "
+        "%d Store requests)",
         record.op,
         record.group_name,
         record.winner,

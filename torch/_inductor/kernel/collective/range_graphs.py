@@ -1,16 +1,16 @@
 """Range graphs: one compiled graph per size range, chosen by Dynamo's guard check.
 
 Where the winners of a collective op of dynamic size change along the dimension (the
-ladder of collective/dispatch.py found several), a size dispatch inside the graph costs at
-every call: ``torch.cond`` is a fusion barrier (each branch copies its operand, and the
-producer's pointwise kernel no longer fuses into the collective's input) and, without
-CUDA graphs, each layer's dispatch is host work. Instead the lowering *guards* on the
-range that holds the size this graph is compiled at (``sizevars.evaluate_expr`` of
-``size <= top`` for the range's neighbours: shape guards that Dynamo checks before every
-call) and inlines that range's winner alone. A call at a size outside it fails Dynamo's
-guard and compiles the graph again, for the range that holds the new size; that compile
-reads the ladder's decisions (tuned once, by the group, at the first compile) and
-benchmarks nothing. The ranges of every op of a graph on one symbol merge into one
+ladder of collective/dispatch.py found several), a size dispatch inside the graph costs
+at every call: ``torch.cond`` is a fusion barrier (each branch copies its operand, and
+the producer's pointwise kernel no longer fuses into the collective's input) and,
+without CUDA graphs, each layer's dispatch is host work. Instead the lowering *guards*
+on the range that holds the size this graph is compiled at (``sizevars.evaluate_expr``
+of ``size <= top`` for the range's neighbours: shape guards that Dynamo checks before
+every call) and inlines that range's winner alone. A call at a size outside it fails
+Dynamo's guard and compiles the graph again, for the range that holds the new size; that
+compile reads the ladder's decisions (tuned once, by the group, at the first compile)
+and benchmarks nothing. The ranges of every op of a graph on one symbol merge into one
 partition: a compile guards the cell of the partition holding its size. Inductor sees
 the narrowed range while it compiles (``statically_known_leq`` holds), and the FX-graph
 cache keeps one entry per range, found by its guards.
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class GuardedRange:
-    """The range of sizes (``low``, ``high``] of one symbol that a graph is compiled for."""
+    """The range of sizes (``low``, ``high``] of one symbol that a graph is compiled
+    for."""
 
     size: Any  # the sympy expression of the dynamic size
     low: float  # exclusive; 0 below the first range
@@ -108,7 +109,8 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> Optional[str]:
             f"its size {size} is data-dependent (unbacked): no guard can choose a graph"
         )
     if getattr(V.graph, "is_backward", False):
-        # Compiled at the first backward call, after Dynamo installed the frame's guards.
+        # Compiled at the first backward call, after Dynamo installed the frame's
+        # guards.
         return (
             "a backward graph cannot add guards, and its forward's do not fix its range"
         )
@@ -119,10 +121,16 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> Optional[str]:
     if torch.compiler.is_exporting():
         return "no Dynamo frame to compile again per range (export)"
     if torch._dynamo.config.error_on_recompile:
-        return "torch._dynamo.config.error_on_recompile forbids the recompile of each range"
+        return (
+            "torch._dynamo.config.error_on_recompile forbids the recompile of each "
+            "range"
+        )
     stance = getattr(torch._dynamo.eval_frame, "_stance", None)
     if getattr(stance, "stance", None) == "fail_on_recompile":
-        return 'torch.compiler.set_stance("fail_on_recompile") forbids the recompile of each range'
+        return (
+            'torch.compiler.set_stance("fail_on_recompile") forbids the recompile of '
+            "each range"
+        )
     cells = len(_partition(size) | set(tops))
     limit = torch._dynamo.config.recompile_limit
     if cells > limit // 2:

@@ -1,8 +1,8 @@
 """Timing a key's choices on this rank, in lockstep with its group, and the winner.
 
 Once the group agreed to benchmark a key (kernel/collective/graph_sessions.py), each
-rank compiles its choices (:func:`build`: with the call site's pointwise neighbours, or for
-any size where the key is a range of a dynamic op), makes the benchmark inputs as
+rank compiles its choices (:func:`build`: with the call site's pointwise neighbours, or
+for any size where the key is a range of a dynamic op), makes the benchmark inputs as
 Inductor makes them (in symmetric memory where a choice needs it), and hands one runner
 per choice to runtime/collective_benchmarking's CollectiveBenchmarker
 (:func:`benchmark`). The timings it returns are identical on every rank, and so is the
@@ -148,13 +148,15 @@ def _start(
     )
     if device.type != "cuda":  # lowered, and timed as traced (see eager_module)
         compile_choice(choice, neighbours, LOWER)
-        choice._compiled_module = eager_module(choice, neighbours)  # type: ignore[attr-defined]
+        module = eager_module(choice, neighbours)
+        choice._compiled_module = module  # type: ignore[attr-defined]
         return lambda: None
     with config.patch(_BENCHMARK_MODULE_CONFIG):
         load = compile_choice(choice, neighbours, START)
 
     def finish() -> None:
-        choice._compiled_module = load() if callable(load) else load  # type: ignore[attr-defined]
+        module = load() if callable(load) else load
+        choice._compiled_module = module  # type: ignore[attr-defined]
 
     return finish
 

@@ -67,7 +67,9 @@ class WaitBeforeRead(TorchDispatchMode):
         # The process groups (names) that the collectives seen run on.
         self.groups: list[str] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is _wait_op():
             tree_map_only(torch.Tensor, lambda t: self.pending.pop(id(t), None), args)
@@ -141,8 +143,8 @@ def with_waits(
     author did not (see :class:`WaitBeforeRead`), at the first read and at its output.
 
     Dynamo cannot trace a dispatch mode, and traces the branches of a size dispatch
-    (``torch.cond``): there the implementation runs as written, as upstream's dispatch of
-    an op that does not communicate expects; a collective op's dispatch calls
+    (``torch.cond``): there the implementation runs as written, as upstream's dispatch
+    of an op that does not communicate expects; a collective op's dispatch calls
     :func:`dispatchable` instead."""
 
     @functools.wraps(implementation)
@@ -178,9 +180,10 @@ def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     found = _found.get(implementation, Waits.NONE)
     if found is Waits.READS:
         raise CollectiveAutotuneError(
-            f"{op_name(op)}: its implementation {getattr(implementation, '__name__', '')} "
-            "reads a functional collective's output before wait_tensor, and a size "
-            "dispatch (dynamic sizes) traces it where Inductor cannot add the wait: call "
+            f"{op_name(op)}: its implementation "
+            f"{getattr(implementation, '__name__', '')} reads a functional "
+            "collective's output before wait_tensor, and a size dispatch (dynamic "
+            "sizes) traces it where Inductor cannot add the wait: call "
             "torch.ops._c10d_functional.wait_tensor on the collective's output before "
             "reading it"
         )
@@ -222,8 +225,8 @@ def trace_own_implementation(
 ) -> OwnImplementation:
     """What ``body``, the op's own implementation (the Python body of ``op``), does with
     functional collectives when called on ``inputs`` (IR nodes of the call being
-    lowered) with ``kwargs``: on which groups it calls them, and whether it returns one's
-    output unwaited; remembered for :func:`recorded_own_waits`. Raises
+    lowered) with ``kwargs``: on which groups it calls them, and whether it returns
+    one's output unwaited; remembered for :func:`recorded_own_waits`. Raises
     CollectiveAutotuneError where it reads one inside: the same on every rank, which all
     trace the same body. A body that cannot be traced runs as it is."""
     from torch._inductor.ir import ir_node_to_tensor
@@ -256,8 +259,9 @@ def trace_own_implementation(
     if Waits.of(mode.added) is Waits.READS:
         inside = [a for a in mode.added if a.startswith("reads")]
         raise CollectiveAutotuneError(
-            f"{op_name(op)}: its own implementation {'; '.join(dict.fromkeys(inside))}, so "
-            "its result would differ between ranks. It runs as an opaque call, inside "
+            f"{op_name(op)}: its own implementation "
+            f"{'; '.join(dict.fromkeys(inside))}, so its result would differ between "
+            "ranks. It runs as an opaque call, inside "
             "which Inductor cannot add the wait: call "
             "torch.ops._c10d_functional.wait_tensor on the collective's output before "
             "reading it"
