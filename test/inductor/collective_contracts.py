@@ -989,8 +989,8 @@ def check_ir_classes() -> None:
 def break_ir_classes() -> contextlib.AbstractContextManager[Any]:
     from torch._inductor import ir, lowering
 
-    op = torch.ops.collective_contract.lowering_probe.default
     _lowering_probe()
+    op = torch.ops.collective_contract.lowering_probe.default
     original = lowering.lowerings[op]
 
     # A custom op's inputs handed to its lowering as views of fixed strides (of the
@@ -1015,6 +1015,7 @@ def check_fallback_handler() -> None:
     from torch._inductor import lowering
 
     has("torch._inductor.lowering.fallback_handler", "add_to_fallback_set")()
+    _lowering_probe()
     op = torch.ops.collective_contract.lowering_probe.default
     added: list[bool] = []
 
