@@ -38,7 +38,6 @@ import unittest
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Optional
 
-import pytest
 import torch
 import torch.distributed as dist
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
@@ -329,11 +328,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
-]
-# The same, for ``common_utils.parametrize`` in TestCase classes.
+# The devices a test runs on, for ``common_utils.parametrize``: CUDA skips without GPUs.
 DEVICE_CASES = [
     "cpu",
     subtest("cuda", decorators=[unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")]),

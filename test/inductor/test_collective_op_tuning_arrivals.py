@@ -39,10 +39,10 @@ from collective_harness import (
 )
 from collective_scenarios import (
     arriving_after,
-    DECIDED,
-    JOINED,
     arriving_after_the_decision,
     COMPILE_MARGIN_S,
+    DECIDED,
+    JOINED,
     patched_timeout,
     register_two_choices,
     TIMEOUT_S,

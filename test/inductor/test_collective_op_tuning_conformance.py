@@ -24,11 +24,10 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-from collective_harness import assert_all_ok, DEVICES, Rank, run_ranks
+from collective_harness import assert_all_ok, DEVICE_CASES, Rank, run_ranks
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
 _c10d = torch.ops._c10d_functional
-DEVICE_NAMES = [d if isinstance(d, str) else d.values[0] for d in DEVICES]
 _HAS_CUDA = torch.cuda.is_available()
 
 
@@ -222,7 +221,7 @@ class TestUpstreamPatterns(TestCase):
     """Upstream's test file's patterns, the value checked on every rank."""
 
     @parametrize("world_size", [2, 4])
-    @parametrize("device", DEVICE_NAMES)
+    @parametrize("device", DEVICE_CASES)
     def test_equivalent_allreduce_strategies(self, device: str, world_size: int) -> None:
         tag = _tag("equiv", device, world_size)
         outcome = _same_everywhere(
@@ -239,7 +238,7 @@ class TestUpstreamPatterns(TestCase):
         self.assertIn(winner, {"avg_allreduce_scaled", "sum_allreduce", "default"})
 
     @parametrize("world_size", [2, 4])
-    @parametrize("device", DEVICE_NAMES)
+    @parametrize("device", DEVICE_CASES)
     def test_vllm_style_allreduce(self, device: str, world_size: int) -> None:
         tag = _tag("vllm", device, world_size)
         outcome = _same_everywhere(
@@ -252,7 +251,7 @@ class TestUpstreamPatterns(TestCase):
             ["default", "nccl_allreduce_direct", "vllm_buffer_copy_allreduce"],
         )
 
-    @parametrize("device", DEVICE_NAMES)
+    @parametrize("device", DEVICE_CASES)
     def test_own_implementation_reading_before_wait_stops_every_rank(self, device: str) -> None:
         tag = _tag("own_reads", device, 2)
         results = run_ranks(2, own_reads_before_wait_body, tag, device=device)
@@ -265,7 +264,7 @@ class TestUpstreamPatterns(TestCase):
                 result.error,
             )
 
-    @parametrize("device", DEVICE_NAMES)
+    @parametrize("device", DEVICE_CASES)
     def test_no_usable_choice_runs_the_ops_own_implementation(self, device: str) -> None:
         tag = _tag("none_usable", device, 2)
         outcome = _same_everywhere(
