@@ -53,7 +53,8 @@ import math
 import statistics
 import time
 from datetime import timedelta
-from typing import Any, Callable, NamedTuple, Optional, Sequence, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -581,8 +582,7 @@ class CollectiveBenchmarker:
                 )
             except CollectiveAutotuneError:
                 raise
-            # The choice's own failure, whatever it raised: the group decides.
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # the choice's own failure: the group decides
                 log.debug(
                     "choice %s raised on this rank", candidate.name, exc_info=True
                 )
@@ -941,7 +941,7 @@ class CollectiveBenchmarker:
         for i in indices:
             try:
                 captured[i] = _capture_graph(candidates[i].run, calls[i])
-            except Exception as e:  # noqa: BLE001 - capture records, it runs nothing
+            except Exception as e:  # capture records, it runs nothing
                 log.warning(
                     "choice %s could not be captured in a CUDA graph on this rank "
                     "(%s: %s)",
@@ -967,8 +967,7 @@ class CollectiveBenchmarker:
             return fn(*args, **kwargs)
         except CollectiveAutotuneError:
             raise
-        # It failed in our own collective, whatever it raised: the group's.
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # it failed in our own collective: the group's
             raise CollectiveAutotuneError(
                 f"{doing}: the group's collectives failed on this rank "
                 f"({describe(e)})"
@@ -1100,7 +1099,7 @@ def prune(
     return live, not rest or tied
 
 
-def _run_delay_ns() -> Optional[int]:
+def _run_delay_ns() -> int | None:
     """Nanoseconds the calling thread (the one that runs the timed calls) has spent
     runnable but waiting for a CPU; None where the kernel does not tell (not Linux, no
     schedstats)."""
@@ -1120,7 +1119,7 @@ class HostContention:
 
     def __init__(self) -> None:
         self.value = 0.0
-        self._start: Optional[tuple[int, float]] = None
+        self._start: tuple[int, float] | None = None
 
     def __enter__(self) -> HostContention:
         delay = _run_delay_ns()

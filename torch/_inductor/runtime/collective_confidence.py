@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch._inductor.runtime.collective_benchmarking import (
     ChoiceStatus,

@@ -31,7 +31,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 import torch
 
@@ -99,7 +99,7 @@ def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
 
 def current_environment(
     group: ProcessGroup, made_in: dict[str, Any]
-) -> Optional[dict[str, Any]]:
+) -> dict[str, Any] | None:
     """The environment of ``group`` today on the kind of device of ``made_in`` (an
     environment recorded with a decision), or None where there is no such device."""
     device_type = made_in.get("device")
@@ -166,14 +166,14 @@ def _interconnect(index: int) -> str:
 class DecisionStore:
     """The decisions of this rank's cache dir."""
 
-    def __init__(self, root: Optional[Path] = None) -> None:
+    def __init__(self, root: Path | None = None) -> None:
         if root is None:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
 
             root = Path(cache_dir()) / "collective_autotuning" / "decisions"
         self.root = root
 
-    def load(self, key: str, env: dict[str, Any]) -> Optional[StoredDecision]:
+    def load(self, key: str, env: dict[str, Any]) -> StoredDecision | None:
         """The decision stored for ``key`` in ``env``, or None (a miss, never an
         error)."""
         path = self._path(key, env)

@@ -33,7 +33,8 @@ import contextlib
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

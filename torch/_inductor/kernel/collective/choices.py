@@ -19,7 +19,8 @@ import hashlib
 import inspect
 import logging
 import types
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective.detection import op_name
@@ -153,7 +154,7 @@ def _simple(value: Any) -> Any:
     return type(value).__qualname__
 
 
-def _python_kernel(qualname: str) -> Optional[Callable[..., Any]]:
+def _python_kernel(qualname: str) -> Callable[..., Any] | None:
     """The Python function of a custom op defined with torch.library.custom_op."""
     from torch._library.custom_ops import OPDEFS
 
@@ -200,7 +201,7 @@ def is_registered_collective(op: torch._ops.OpOverload) -> bool:
 
 
 def identities(
-    op: Optional[torch._ops.OpOverload],
+    op: torch._ops.OpOverload | None,
     implementations: Sequence[tuple[str, Callable[..., Any]]],
 ) -> dict[str, str]:
     """The code identity of ``op``'s own implementation and of each of its labelled
@@ -212,20 +213,18 @@ def identities(
     return seen
 
 
-def current_identity(name: str) -> Optional[str]:
+def current_identity(name: str) -> str | None:
     """The code identity of the implementation ``name`` ("op/label") as this process
     last saw it (at a compile, else at its registration), or None where it saw none."""
     return _identities.get(name, _registered_identities.get(name))
 
 
-def schema_arguments(op: Optional[torch._ops.OpOverload]) -> set[str]:
+def schema_arguments(op: torch._ops.OpOverload | None) -> set[str]:
     """The names of ``op``'s arguments (none for an op without a schema)."""
     return {a.name for a in op._schema.arguments} if hasattr(op, "_schema") else set()
 
 
-def choice_label(
-    choice: ChoiceCaller, op: Optional[torch._ops.OpOverload] = None
-) -> str:
+def choice_label(choice: ChoiceCaller, op: torch._ops.OpOverload | None = None) -> str:
     """A choice's readable name: its implementation and the parameters its config set
     (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
     The same on every rank, whatever Inductor numbered the choice."""
@@ -280,7 +279,7 @@ def check_own_implementation(
     return trace_own_implementation(op, body, inputs, kwargs)
 
 
-def own_waits(op: Optional[torch._ops.OpOverload]) -> Waits:
+def own_waits(op: torch._ops.OpOverload | None) -> Waits:
     """What :func:`check_own_implementation` found for ``op`` in this process."""
     return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
 
@@ -305,7 +304,7 @@ def guarded_implementation(
             return waited(*args, **kwargs)
         except guard_errors:
             raise
-        except Exception as e:  # noqa: BLE001 - reported to the group by the choice
+        except Exception as e:  # reported to the group by the choice
             guarded.trace_failure = describe(e)  # type: ignore[attr-defined]
             log.debug(
                 "implementation %s raised while traced",
@@ -325,7 +324,7 @@ def trace_failure(choice: ChoiceCaller) -> str:
     )
 
 
-def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
+def unwaited_collective(gm: torch.fx.GraphModule | None) -> str:
     """Why ``gm`` (a choice's traced implementation) reads what one of its collectives
     writes before waiting for it, or "".
 
@@ -366,9 +365,7 @@ def unwaited_collective(gm: Optional[torch.fx.GraphModule]) -> str:
     return ""
 
 
-def writes_into_input(
-    gm: Optional[torch.fx.GraphModule], mutable: Sequence[int]
-) -> str:
+def writes_into_input(gm: torch.fx.GraphModule | None, mutable: Sequence[int]) -> str:
     """Why ``gm`` (a choice's traced implementation) writes into one of its tensor
     inputs (or a view of one) that the op does not declare it mutates (the positions in
     ``mutable``), or "". Inlined, such a choice would change the caller's tensor."""
@@ -490,7 +487,7 @@ class RangeWinner:
     decomposition: Callable[..., Any]
     decomposition_kwargs: dict[str, Any]
     config_patches: dict[str, Any]
-    default: Optional[ChoiceCaller] = None
+    default: ChoiceCaller | None = None
     gm: None = None
 
     @staticmethod
@@ -510,11 +507,11 @@ class RangeWinner:
     @staticmethod
     def create(
         name: str,
-        decomposition: Optional[Callable[..., Any]],
+        decomposition: Callable[..., Any] | None,
         kwargs: dict[str, Any],
-        config_patches: Optional[dict[str, Any]],
-        op: Optional[torch._ops.OpOverload],
-        default: Optional[ChoiceCaller] = None,
+        config_patches: dict[str, Any] | None,
+        op: torch._ops.OpOverload | None,
+        default: ChoiceCaller | None = None,
     ) -> RangeWinner:
         """The range winner ``decomposition`` (None: the op's own implementation)."""
         if decomposition is None:

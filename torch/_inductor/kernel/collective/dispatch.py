@@ -31,7 +31,8 @@ import logging
 import math
 import re
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -90,7 +91,7 @@ _ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
 
 def dynamic_ladder(
     name: str, op: torch._ops.OpOverload, tensor_inputs: Sequence[Any]
-) -> Optional[Ladder]:
+) -> Ladder | None:
     """A ladder for this call of ``op`` if it is a collective op whose first input has
     a dynamic dimension; None where the op is tuned at one size."""
     import torch.distributed as dist
@@ -157,7 +158,7 @@ def is_range(name: str) -> bool:
     return bool(_RANGE_NAME.search(name))
 
 
-def ladder_of(name: str) -> Optional[list[str]]:
+def ladder_of(name: str) -> list[str] | None:
     """The range names, in size order, of the ladder that range ``name`` belongs to in
     the graph being lowered (None for a range of no ladder, the user's split points)."""
     from torch._inductor.virtualized import V
@@ -166,8 +167,8 @@ def ladder_of(name: str) -> Optional[list[str]]:
 
 
 def interpolated(
-    ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]]
-) -> Optional[tuple[str, str]]:
+    ladder: Sequence[str], name: str, decided: Callable[[str], str | None]
+) -> tuple[str, str] | None:
     """The winner of range ``name`` of ``ladder`` (range names in size order) without
     timing it, and why: the common winner of its nearest decided neighbours below and
     above, when they agree. ``decided`` gives a range's decision by its name (None
@@ -184,8 +185,8 @@ def interpolated(
 
 
 def tie_reference(
-    ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]]
-) -> Optional[tuple[str, str]]:
+    ladder: Sequence[str], name: str, decided: Callable[[str], str | None]
+) -> tuple[str, str] | None:
     """The winner that range ``name`` of ``ladder`` keeps unless another choice is
     clearly faster at its top size, and that range's top size: the nearest decided
     range's below (a range's sizes lie below its top, toward it), else above (the
@@ -200,8 +201,8 @@ def tie_reference(
 
 
 def _nearest_decided(
-    ladder: Sequence[str], name: str, decided: Callable[[str], Optional[str]], step: int
-) -> Optional[tuple[str, str]]:
+    ladder: Sequence[str], name: str, decided: Callable[[str], str | None], step: int
+) -> tuple[str, str] | None:
     """(range name, winner) of the nearest decided range of ``ladder`` below (step -1)
     or above (step 1) range ``name``; None where there is none."""
     i = list(ladder).index(name)
@@ -275,7 +276,7 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
         return compiled_module(
             choice, neighbours.around(implementation_of(choice)), True, stage
         )
-    except Exception as e:  # noqa: BLE001 - each range's own module is timed instead
+    except Exception as e:  # each range's own module is timed instead
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic "
             "module (%s)",
@@ -297,7 +298,7 @@ def _layout_of(node: Any) -> tuple[Any, ...]:
     )
 
 
-def warm_up_sizes(upper: Optional[int] = None) -> list[int]:
+def warm_up_sizes(upper: int | None = None) -> list[int]:
     """A size in every range that the ladder of a dynamic collective op can have: its
     tops 1, r, r², … below ``upper`` and ``upper`` itself (default
     ``collective_autotune_dynamic_max``; pass the model's own bound where it set one).

@@ -30,7 +30,8 @@ import dataclasses
 import json
 import logging
 import weakref
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective import dynamo_callbacks
@@ -175,7 +176,7 @@ def _malformed(what: str, value: Any) -> CollectiveAutotuneError:
     return CollectiveAutotuneError(f"{what} is malformed: {str(value)[:200]!r}")
 
 
-def decided(decisions: GroupDecisions, key: str) -> Optional[GroupChoice]:
+def decided(decisions: GroupDecisions, key: str) -> GroupChoice | None:
     """The group's decision for ``key`` if published (no waiting)."""
     raw = decisions.get(key)
     return None if raw is None else GroupChoice.decode(raw)
@@ -248,7 +249,7 @@ def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSessio
     return sessions[group.group_name]
 
 
-def joined_session(group: ProcessGroup) -> Optional[GroupSession]:
+def joined_session(group: ProcessGroup) -> GroupSession | None:
     """The session of the graph being lowered on ``group``, once joined (no waiting)."""
     from torch._inductor.virtualized import V
 
@@ -368,7 +369,7 @@ def _differing_settings(per_rank: list[dict[str, Any]]) -> str:
     )
 
 
-def _resolve(group_name: str) -> Optional[ProcessGroup]:
+def _resolve(group_name: str) -> ProcessGroup | None:
     """The group named ``group_name`` if this rank belongs to it."""
     import torch.distributed as dist
 
@@ -390,10 +391,10 @@ class SiteReport:
     key: str
     choices: tuple[str, ...]
     # The group's decision for the key, if one was published.
-    decided: Optional[GroupChoice]
+    decided: GroupChoice | None
     # This rank's stored decision, if it holds one: its digest and winner.
-    stored: Optional[str]
-    stored_winner: Optional[str]
+    stored: str | None
+    stored_winner: str | None
     # Choices that cannot be used here (raised while traced, did not build), and why.
     failed: dict[str, str]
     # Whether this rank built its choices before reporting (and ``failed`` says which
@@ -401,7 +402,7 @@ class SiteReport:
     built: bool = False
     # Where the stored decision is provisional: the runner-up to time its winner
     # against.
-    stored_runner_up: Optional[str] = None
+    stored_runner_up: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The report as its vote carries it: one JSON object, None as null."""
@@ -538,7 +539,7 @@ def agree_key(
     return _vote_key(session, report(), default, build, verify, timing_allowed), session
 
 
-def _follow(session: GroupSession, key: str, default: str) -> Optional[SiteDecision]:
+def _follow(session: GroupSession, key: str, default: str) -> SiteDecision | None:
     """The decision of a rank that does not vote in ``session``; None where the session
     was held by an earlier compile of its plan, which did not decide ``key``."""
     stored = decided(session.decisions, key)
@@ -626,7 +627,7 @@ def _vote_key(
     )
 
 
-def _differing(reports: list[SiteReport], default: str) -> Optional[SiteDecision]:
+def _differing(reports: list[SiteReport], default: str) -> SiteDecision | None:
     """Where some ranks tune another op, shape or choice list than group rank 0: the
     op's own implementation (or the first common choice), provisional; else None."""
     differing = [
@@ -656,7 +657,7 @@ def _stored_decision(
     default: str,
     build: Build,
     verify: Verify,
-) -> Optional[SiteDecision]:
+) -> SiteDecision | None:
     """Where every rank holds the same stored decision, and its winner passes its
     screen again: use it (a provisional one is timed against its runner-up again).
     None otherwise; a stored winner that fails is added to ``failed``."""

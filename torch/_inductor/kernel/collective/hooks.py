@@ -32,7 +32,8 @@ import dataclasses
 import functools
 import json
 import logging
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective import dispatch, dynamo_callbacks, selection
@@ -133,14 +134,14 @@ def prepare_choices(
     non_tensor_args: Sequence[dict[str, Any]],
     inputs: Sequence[Any],
     op: torch._ops.OpOverload,
-    config_patches_list: Optional[Sequence[dict[str, Any]]] = None,
+    config_patches_list: Sequence[dict[str, Any]] | None = None,
     min_speedup_threshold: float = 1.0,
     benchmark_with_cudagraphs: bool = False,
 ) -> tuple[
     list[Callable[..., Any]],
     list[dict[str, Any]],
-    Optional[list[dict[str, Any]]],
-    Optional[RangeWinner],
+    list[dict[str, Any]] | None,
+    RangeWinner | None,
 ]:
     """Ready an op's inputs and implementations before its choices are traced.
 
@@ -196,7 +197,7 @@ def _prepare_site(
     op: torch._ops.OpOverload,
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
-) -> tuple[list[str], Optional[selection.CallSite]]:
+) -> tuple[list[str], selection.CallSite | None]:
     """The labels of the op's implementations, and its call site where it is tuned
     collectively (None otherwise): the neighbours it fuses with are read, then its
     inputs realized."""
@@ -232,7 +233,7 @@ def _range_winner(
     labels: Sequence[str],
     decompositions: Sequence[Callable[..., Any]],
     non_tensor_args: Sequence[dict[str, Any]],
-    config_patches_list: Optional[Sequence[dict[str, Any]]],
+    config_patches_list: Sequence[dict[str, Any]] | None,
     op: torch._ops.OpOverload,
 ) -> RangeWinner:
     """The ``winner`` of a range that an earlier site of the graph settled, returned
@@ -248,15 +249,13 @@ def _range_winner(
 
 
 def _to_trace(
-    winner: Optional[str],
+    winner: str | None,
     labels: Sequence[str],
     decompositions: Sequence[Callable[..., Any]],
     non_tensor_args: Sequence[dict[str, Any]],
-    config_patches_list: Optional[Sequence[dict[str, Any]]],
+    config_patches_list: Sequence[dict[str, Any]] | None,
     op: torch._ops.OpOverload,
-) -> tuple[
-    list[Callable[..., Any]], list[dict[str, Any]], Optional[list[dict[str, Any]]]
-]:
+) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The implementations to trace (guarded), their arguments and config patches:
     all of them, or only the ``winner`` the group decided already and the first."""
     keep = list(range(len(decompositions)))
@@ -270,7 +269,7 @@ def _to_trace(
             # arguments: keep those, traced cheaply as the op itself.
             traced[0] = the_op_itself(op, schema_arguments(op))
 
-    def kept(items: Optional[Sequence[Any]]) -> Any:
+    def kept(items: Sequence[Any] | None) -> Any:
         return None if items is None else [items[i] for i in keep]
 
     return kept(traced), kept(non_tensor_args), kept(config_patches_list)
@@ -281,7 +280,7 @@ def detect_collective(
     choices: list[ChoiceCaller],
     op_overload: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
-) -> tuple[bool, Optional[ProcessGroup]]:
+) -> tuple[bool, ProcessGroup | None]:
     """Whether the op's choices communicate, and over which process group.
 
     The group comes from the collectives' group argument, else from the op's own
@@ -365,7 +364,7 @@ def select_collective_choice(
     choices: list[ChoiceCaller],
     input_nodes: list[Any],
     layout: Any,
-    input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]],
+    input_gen_fns: dict[int, Callable[..., torch.Tensor]] | None,
     process_group: ProcessGroup,
     min_speedup_threshold: float = 1.0,
     benchmark_with_cudagraphs: bool = False,

@@ -30,7 +30,8 @@ import dataclasses
 import logging
 import math
 import weakref
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import sympy
 import torch
@@ -61,7 +62,7 @@ _partitions: weakref.WeakKeyDictionary[Any, dict[str, set[float]]] = (
 
 def range_of_this_graph(
     size: Any, tops: Sequence[float]
-) -> tuple[Optional[GuardedRange], str]:
+) -> tuple[GuardedRange | None, str]:
     """The range of ``size`` this graph is compiled for, given an op that changes
     winner at ``tops`` (range tops in size order), and how it was found; or None and why
     the graph must dispatch by size inside.
@@ -79,7 +80,7 @@ def range_of_this_graph(
     return _guard(size, tops), "guarded"
 
 
-def _known(size: Any, tops: Sequence[float]) -> Optional[GuardedRange]:
+def _known(size: Any, tops: Sequence[float]) -> GuardedRange | None:
     from torch._inductor.virtualized import V
 
     sizevars = V.graph.sizevars
@@ -97,7 +98,7 @@ def _known_above(size: Any, low: float) -> bool:
     return low == 0 or V.graph.sizevars.statically_known_gt(size, int(low))
 
 
-def _why_not_guarded(size: Any, tops: Sequence[float]) -> Optional[str]:
+def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
     from torch._inductor import config
     from torch._inductor.virtualized import V
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
-from typing import Any, Mapping, Optional, Sequence, TYPE_CHECKING, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, TYPE_CHECKING, TypeVar
 
 from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 from torch._inductor.runtime.collective_confidence import Confidence
@@ -115,7 +116,7 @@ class CollectiveAutotuneRecord:
     # How far the benchmark's readings can be trusted (runtime/collective_confidence):
     # a benchmarked decision that is not settled is provisional, kept on disk as such
     # and re-timed by the next job. None where nothing was timed.
-    confidence: Optional[Confidence] = None
+    confidence: Confidence | None = None
     # Seconds this rank spent tracing the choices (upstream, before the decision),
     # waited for its peers (to arrive, to vote), spent compiling choices, and spent
     # otherwise on the decision (its own votes and the benchmark, whose steps are in

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
@@ -85,7 +86,7 @@ class CallSite:
 
     name: str
     # The op (None where a site's op was not prepared before tracing).
-    op: Optional[torch._ops.OpOverload]
+    op: torch._ops.OpOverload | None
     group: ProcessGroup
     settings: BenchmarkSettings
     device: torch.device
@@ -97,11 +98,11 @@ class CallSite:
     neighbours: Neighbours
     key: str
     # Where a decision was taken before tracing (a ladder's interpolation), and why.
-    source: Optional[Source] = None
+    source: Source | None = None
     reason: str = ""
     # A ladder range's: the winner it keeps unless another is clearly faster, and the
     # top size of the range that winner won (dispatch.tie_reference).
-    nearest: Optional[tuple[str, str]] = None
+    nearest: tuple[str, str] | None = None
     # The tensor inputs the op declares it writes into (by position).
     mutable: tuple[int, ...] = ()
     # When it was prepared (its choices are traced after).
@@ -125,7 +126,7 @@ def prepare_site(
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
     neighbours: Neighbours,
-) -> Optional[CallSite]:
+) -> CallSite | None:
     """The call of ``op`` being lowered, for ops whose name or arguments say they
     communicate while collective tuning is on; None otherwise."""
     import torch.distributed as dist
@@ -168,7 +169,7 @@ def prepare_site(
 def _call_site(
     *,
     name: str,
-    op: Optional[torch._ops.OpOverload],
+    op: torch._ops.OpOverload | None,
     group: ProcessGroup,
     device: torch.device,
     labels: tuple[str, ...],
@@ -203,7 +204,7 @@ def _call_site(
     )
 
 
-def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
+def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
     """The record of a ladder range where an earlier call site of the graph being
     lowered, fused with the same neighbours, settled its key; None otherwise.
 
@@ -248,7 +249,7 @@ def settled_range(site: CallSite) -> Optional[CollectiveAutotuneRecord]:
     )
 
 
-def decided_before_tracing(site: CallSite) -> Optional[str]:
+def decided_before_tracing(site: CallSite) -> str | None:
     """The group's decision for ``site``'s key if it is known already (decided in this
     graph, or published in the Store: a read, no waiting), or a ladder range's
     interpolation between decided neighbours (published for the group)."""
@@ -268,7 +269,7 @@ def decided_before_tracing(site: CallSite) -> Optional[str]:
             site.code,
         )
 
-    def winner_of(range_name: str) -> Optional[str]:
+    def winner_of(range_name: str) -> str | None:
         choice = graph_sessions.decided(decisions, key_of(range_name))
         measured = choice is not None and (not choice.provisional or choice.unsure)
         return choice.winner if measured else None
@@ -412,7 +413,7 @@ def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
 
 
 def _site_after_tracing(
-    prepared: Optional[CallSite],
+    prepared: CallSite | None,
     name: str,
     by_label: dict[str, ChoiceCaller],
     choices: list[ChoiceCaller],
@@ -521,7 +522,7 @@ class _SiteWork:
 
     def timed_winner(
         self, decision: SiteDecision, voting: GroupSession
-    ) -> tuple[tuple[ChoiceTiming, ...], str, str, Optional[Confidence]]:
+    ) -> tuple[tuple[ChoiceTiming, ...], str, str, Confidence | None]:
         """The group's timings of the key's choices (none where it decided without
         timing them), the winner, why, and how far the timings can be trusted."""
         if decision.action != Action.BENCHMARK:
@@ -562,7 +563,7 @@ def _settled(
     voting: GroupSession,
     timings: tuple[ChoiceTiming, ...],
     winner: str,
-    confidence: Optional[Confidence],
+    confidence: Confidence | None,
 ) -> tuple[Source, str, str]:
     """Where the decision the group keeps for the key comes from, its winner and why;
     a benchmarked one is stored on disk too, provisional where it was timed without
@@ -631,7 +632,7 @@ def _persistence_on() -> bool:
     return bool(config.collective_autotune_persist)
 
 
-def _persisted(site: CallSite) -> Optional[StoredDecision]:
+def _persisted(site: CallSite) -> StoredDecision | None:
     """This rank's stored decision for the site's key, unless persistence is off or
     re-tuning."""
     from torch._inductor import config

@@ -15,7 +15,8 @@ import dataclasses
 import functools
 import logging
 import math
-from typing import Any, Callable, Optional, Sequence, TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor import config
@@ -62,7 +63,7 @@ class BenchmarkInputs:
     selector: Any
     input_nodes: list[Any]
     layout: Any
-    input_gen_fns: Optional[dict[int, Callable[..., torch.Tensor]]]
+    input_gen_fns: dict[int, Callable[..., torch.Tensor]] | None
 
 
 def timing_mode(
@@ -118,13 +119,13 @@ def build(
     for label, choice in choices.items():
         try:
             finishes[label] = _start(name, choice, device, neighbours)
-        except Exception as e:  # noqa: BLE001 - the group drops it, saying why
+        except Exception as e:  # the group drops it, saying why
             log.debug("choice %s of %s did not build", label, name, exc_info=True)
             failures[label] = _failure(choice, e)
     for label, finish in finishes.items():
         try:
             finish()
-        except Exception as e:  # noqa: BLE001 - likewise
+        except Exception as e:  # likewise
             log.debug("choice %s of %s did not load", label, name, exc_info=True)
             failures[label] = _failure(choices[label], e)
     return failures
@@ -308,7 +309,7 @@ def _move_to_symmetric_memory(
                 buf = symm_mem.empty(t.shape, dtype=t.dtype, device=t.device)
                 symm_mem.rendezvous(buf, group.group_name)
                 moved[i] = buf.copy_(t)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # whatever it raised: the group votes, and says why
         outcome = f"failed: {type(e).__name__}: {e}"[:500]
     votes = session.vote("symmetric_memory", outcome)
     if all(r == _SYMMETRIC_MEMORY_READY for r in votes):
@@ -334,7 +335,7 @@ def pick(
     names: list[str],
     timings: Sequence[ChoiceTiming],
     min_speedup_threshold: float,
-    nearest: Optional[tuple[str, str]] = None,
+    nearest: tuple[str, str] | None = None,
 ) -> tuple[str, str]:
     """The winner and why. ``nearest``: for a ladder range, the winner of the nearest
     decided range and its top size, which keeps this range unless the fastest here is

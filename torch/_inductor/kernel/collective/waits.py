@@ -24,7 +24,8 @@ import enum
 import functools
 import logging
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch._inductor.kernel.collective.detection import op_name
@@ -248,7 +249,7 @@ def trace_own_implementation(
             make_fx(traced, tracing_mode="symbolic")(
                 *[ir_node_to_tensor(n) for n in inputs]
             )
-    except Exception:  # noqa: BLE001 - a body make_fx cannot trace runs as it is
+    except Exception:  # a body make_fx cannot trace runs as it is
         log.debug(
             "the own implementation of %s could not be traced",
             op_name(op),
