@@ -18,7 +18,9 @@ from pathlib import Path
 
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-import collective_store_scale as bench  # benchmarks/ (pyproject's pythonpath)
+# benchmarks/ is on pytest's pythonpath (pyproject.toml); run as a script, it is put there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import collective_store_scale as bench  # noqa: E402
 
 
 # The goals of issue 33.
