@@ -49,9 +49,9 @@ DECIDED = "decided"  # they left it decided, without the late rank (after the ti
 def arriving_after(
     r: Rank, late_ranks: Collection[int], tag: str, moment: Optional[str] = DECIDED
 ) -> Iterator[None]:
-    """Each rank of ``late_ranks`` enters the block once the other ranks reached
-    ``moment`` (JOINED or DECIDED) of their first session in it; the others enter at
-    once. ``moment`` None: every rank enters at once.
+    """Each rank of ``late_ranks`` enters the block once every other rank of ``r``'s
+    world reached ``moment`` (JOINED or DECIDED) of its first session in it; the others
+    enter at once. ``moment`` None: every rank enters at once.
 
     A fixed head start for the punctual ranks is not enough: how long their compile
     takes to reach the session varies (up to 6 s on a loaded 2-core machine), and a
@@ -68,12 +68,21 @@ def arriving_after(
         yield
         return
     agree = collective_protocol.CollectiveSession.agree
+    punctual = r.world_size - len(late_ranks)
+    counted: list[str] = []
+
+    def say(reached: str) -> None:
+        """Count this rank at ``reached`` once; the last punctual rank there says so."""
+        if reached != moment or counted:
+            return
+        counted.append(reached)
+        if store.add(f"{key}/ranks", 1) == punctual:
+            store.set(key, "1")
 
     def agree_and_say_so(session, *args, **kwargs):
-        if moment == JOINED:
-            store.set(key, "1")
+        say(JOINED)
         decision = agree(session, *args, **kwargs)
-        store.set(key, "1")
+        say(DECIDED)
         return decision
 
     with unittest.mock.patch.object(collective_protocol.CollectiveSession, "agree", agree_and_say_so):
