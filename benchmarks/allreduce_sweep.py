@@ -249,7 +249,7 @@ def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
             timings[short_name(t.name)].append(t.max_us)
             skews[short_name(t.name)].append(t.skew_us)
             if t.status != "ok":
-                dropped.setdefault(short_name(t.name), t.status)
+                dropped.setdefault(short_name(t.name), t.reason or t.status)
     wall_ms = group_max([s * 1e3 for r in records for s in (r.tuning_s, r.waited_s, r.build_s)], setup.device)
     tuning_ms, waited_ms, build_ms = wall_ms[0::3], wall_ms[1::3], wall_ms[2::3]
     row = {
