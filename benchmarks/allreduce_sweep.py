@@ -42,7 +42,8 @@ import json
 import os
 import statistics
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import common  # benchmarks/, the script's own directory
 
@@ -50,26 +51,57 @@ import common  # benchmarks/, the script's own directory
 # Every tuning starts from fresh state.
 common.fresh_state()
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch._inductor import config as inductor_config  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch._inductor import config as inductor_config
 
-from common import (  # noqa: E402
-    assert_close_sum, barrier, finite, group_max, header, init_process_group, KiB, MiB, pct,
-    rank_randn, rounded, size_label, verdict, write_json,
+from common import (
+    assert_close_sum,
+    barrier,
+    finite,
+    group_max,
+    header,
+    init_process_group,
+    KiB,
+    MiB,
+    pct,
+    rank_randn,
+    rounded,
+    size_label,
+    verdict,
+    write_json,
 )
-from examples.tp_allreduce import ops  # noqa: E402
+from examples.tp_allreduce import ops
 
 
-SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+SIZES = [
+    4 * KiB,
+    16 * KiB,
+    64 * KiB,
+    256 * KiB,
+    1 * MiB,
+    4 * MiB,
+    16 * MiB,
+    64 * MiB,
+    256 * MiB,
+]
 CPU_SIZES = [4 * KiB, 64 * KiB]
 REPEATS = 10
 MODES = ("graph", "eager")
 # Our key for each registered implementation of tp_demo::all_reduce (ops.IMPLEMENTATIONS).
-IMPLEMENTATIONS = {"nccl": "one_all_reduce", "one_shot": "symm_mem_one_shot", "two_shot": "symm_mem_two_shot"}
+IMPLEMENTATIONS = {
+    "nccl": "one_all_reduce",
+    "one_shot": "symm_mem_one_shot",
+    "two_shot": "symm_mem_two_shot",
+}
 CPU_IMPLEMENTATIONS = {"nccl": "one_all_reduce"}  # symmetric memory needs CUDA
 DEFAULT = "default"  # the op's own implementation, always a choice
-COLORS = {"nccl": "tab:blue", "one_shot": "tab:orange", "two_shot": "tab:green", DEFAULT: "tab:purple"}
+COLORS = {
+    "nccl": "tab:blue",
+    "one_shot": "tab:orange",
+    "two_shot": "tab:green",
+    DEFAULT: "tab:purple",
+}
 
 # Goals (README): pick within 3% of the best truth; measured within 10% of the graph
 # truth for choices of at least 5 us; tuning within 50 ms per op up to 1 MiB and 150 ms
@@ -110,8 +142,12 @@ class TruthCounts:
     @staticmethod
     def for_size(nbytes: int) -> TruthCounts:
         if nbytes >= 64 * MiB:
-            return TruthCounts(graph_calls=10, graph_replays=10, eager_calls=20, eager_samples=3)
-        return TruthCounts(graph_calls=50, graph_replays=20, eager_calls=200, eager_samples=3)
+            return TruthCounts(
+                graph_calls=10, graph_replays=10, eager_calls=20, eager_samples=3
+            )
+        return TruthCounts(
+            graph_calls=50, graph_replays=20, eager_calls=200, eager_samples=3
+        )
 
 
 def short_name(choice: str) -> str:
@@ -123,24 +159,34 @@ def short_name(choice: str) -> str:
     for key, implementation in IMPLEMENTATIONS.items():
         if implementation in choice:
             return key
-    raise ValueError(f"choice {choice!r} is none of {[*IMPLEMENTATIONS.values(), DEFAULT]}")
+    raise ValueError(
+        f"choice {choice!r} is none of {[*IMPLEMENTATIONS.values(), DEFAULT]}"
+    )
 
 
 # -- truth: each implementation compiled alone ---------------------------------------------
 
 
-def compile_truth(key: str, setup: Setup, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+def compile_truth(
+    key: str, setup: Setup, x: torch.Tensor
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """``key``'s implementation compiled alone, as a compiled model calls it, after one call."""
     name = setup.world_name
-    implementation = ops.all_reduce if key == DEFAULT else getattr(ops, setup.implementations[key])
-    compiled = torch.compile(lambda t: implementation(t, name), fullgraph=True, dynamic=False)
+    implementation = (
+        ops.all_reduce if key == DEFAULT else getattr(ops, setup.implementations[key])
+    )
+    compiled = torch.compile(
+        lambda t: implementation(t, name), fullgraph=True, dynamic=False
+    )
     # Compiling happens at the first call: untuned, the op lowers to its own kernel.
     with inductor_config.patch(collective_autotune=False):
         compiled(x)
     return compiled
 
 
-def graph_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: TruthCounts) -> float:
+def graph_us(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: TruthCounts
+) -> float:
     """This rank's µs per call of ``fn`` in a replayed CUDA graph of many calls."""
     for _ in range(3):
         fn(x)
@@ -151,7 +197,10 @@ def graph_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts
             fn(x)
     graph.replay()
     barrier(x.device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = (
+        torch.cuda.Event(enable_timing=True),
+        torch.cuda.Event(enable_timing=True),
+    )
     start.record()
     for _ in range(counts.graph_replays):
         graph.replay()
@@ -160,13 +209,18 @@ def graph_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts
     return start.elapsed_time(end) * 1e3 / (counts.graph_replays * counts.graph_calls)
 
 
-def eager_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: TruthCounts) -> float:
+def eager_us(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts: TruthCounts
+) -> float:
     """This rank's µs per call of ``fn`` called back to back, median of a few samples."""
     samples = []
     for _ in range(counts.eager_samples):
         barrier(x.device)
         if x.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
             start.record()
             for _ in range(counts.eager_calls):
                 fn(x)
@@ -182,7 +236,9 @@ def eager_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, counts
     return statistics.median(samples)
 
 
-def measure_truth(setup: Setup, x: torch.Tensor) -> tuple[Optional[dict[str, float]], dict[str, float]]:
+def measure_truth(
+    setup: Setup, x: torch.Tensor
+) -> tuple[dict[str, float] | None, dict[str, float]]:
     """Slowest-rank µs per call of every implementation: CUDA graph (None on the CPU), eager."""
     counts = TruthCounts.for_size(x.numel() * x.element_size())
     torch._dynamo.reset()
@@ -201,7 +257,9 @@ def measure_truth(setup: Setup, x: torch.Tensor) -> tuple[Optional[dict[str, flo
 # -- tuning through torch.compile ---------------------------------------------------------
 
 
-def tune(setup: Setup, x: torch.Tensor, mode: str, group_names: Sequence[str]) -> list[Any]:
+def tune(
+    setup: Setup, x: torch.Tensor, mode: str, group_names: Sequence[str]
+) -> list[Any]:
     """Tune the op once on each of ``group_names`` through one torch.compile; their records.
 
     The model calls the op once per group: each call site is a key its group never
@@ -216,7 +274,9 @@ def tune(setup: Setup, x: torch.Tensor, mode: str, group_names: Sequence[str]) -
     compile_mode = "reduce-overhead" if mode == "graph" else None
     model = torch.compile(
         lambda t: tuple(ops.all_reduce(t, name) for name in names),
-        mode=compile_mode, fullgraph=True, dynamic=False,
+        mode=compile_mode,
+        fullgraph=True,
+        dynamic=False,
     )
     start = len(collective_autotune_records())
     outputs = model(x)
@@ -226,17 +286,27 @@ def tune(setup: Setup, x: torch.Tensor, mode: str, group_names: Sequence[str]) -
             f"expected one tuning on each of groups {list(names)}, got "
             f"{[(r.op, r.group_name) for r in records]}"
         )
-    reused = [(r.group_name, r.source, r.reason) for r in records if r.source != "benchmark"]
+    reused = [
+        (r.group_name, r.source, r.reason) for r in records if r.source != "benchmark"
+    ]
     if reused:
-        raise RuntimeError(f"tunings not from fresh state ({mode}, {x.shape}): {reused}")
+        raise RuntimeError(
+            f"tunings not from fresh state ({mode}, {x.shape}): {reused}"
+        )
     reference = ops.all_reduce(x, setup.world_name)
     for out in outputs:
         assert_close_sum(out, reference)
     return sorted(records, key=lambda r: names.index(r.group_name))
 
 
-def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
-               truth: Optional[dict[str, float]], truth_eager: dict[str, float]) -> dict[str, Any]:
+def tuning_row(
+    setup: Setup,
+    nbytes: int,
+    mode: str,
+    records: Sequence[Any],
+    truth: dict[str, float] | None,
+    truth_eager: dict[str, float],
+) -> dict[str, Any]:
     """The row of one size and mode from its tunings' records (identical on all ranks
     except for the wall times, which are reduced here)."""
     picks = [short_name(r.winner) for r in records]
@@ -250,7 +320,10 @@ def tuning_row(setup: Setup, nbytes: int, mode: str, records: Sequence[Any],
             skews[short_name(t.name)].append(t.skew_us)
             if t.status != "ok":
                 dropped.setdefault(short_name(t.name), t.reason or t.status)
-    wall_ms = group_max([s * 1e3 for r in records for s in (r.tuning_s, r.waited_s, r.build_s)], setup.device)
+    wall_ms = group_max(
+        [s * 1e3 for r in records for s in (r.tuning_s, r.waited_s, r.build_s)],
+        setup.device,
+    )
     tuning_ms, waited_ms, build_ms = wall_ms[0::3], wall_ms[1::3], wall_ms[2::3]
     row = {
         "bytes": nbytes,
@@ -285,11 +358,14 @@ def derived(row: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "best": best,
-        "runner_up_gap_pct": pct(truth[ranked[1]], truth[best]) if len(ranked) > 1 else None,
+        "runner_up_gap_pct": pct(truth[ranked[1]], truth[best])
+        if len(ranked) > 1
+        else None,
         "pick_loss_pct": loss(row["pick"]),
         "worst_pick_loss_pct": max(loss(p) for p in row["picks"]),
         "measured_err_pct": {
-            k: None if m is None else pct(m, truth[k]) for k, m in row["measured_us"].items()
+            k: None if m is None else pct(m, truth[k])
+            for k, m in row["measured_us"].items()
         },
     }
 
@@ -332,15 +408,28 @@ def run(args: argparse.Namespace) -> None:
         implementations=implementations,
         world_name=dist.group.WORLD.group_name,
         # Groups have their own names, hence their own tuning state.
-        tuning_groups=tuple(dist.new_group(list(range(world))).group_name for _ in range(args.repeats)),
+        tuning_groups=tuple(
+            dist.new_group(list(range(world))).group_name for _ in range(args.repeats)
+        ),
     )
     rank0 = dist.get_rank() == 0
 
     # The process's first tuning, before anything else touched symmetric memory.
-    (first,) = tune(setup, sample_input(setup, args.sizes[0]), args.modes[0], [setup.world_name])
+    (first,) = tune(
+        setup, sample_input(setup, args.sizes[0]), args.modes[0], [setup.world_name]
+    )
     (first_ms,) = rounded(group_max([first.tuning_s * 1e3], device))
     if rank0:
-        print(json.dumps({"first_op_autotune_ms": first_ms, "mode": args.modes[0], "bytes": args.sizes[0]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "first_op_autotune_ms": first_ms,
+                    "mode": args.modes[0],
+                    "bytes": args.sizes[0],
+                }
+            ),
+            flush=True,
+        )
 
     rows = []
     for nbytes in args.sizes:
@@ -387,7 +476,9 @@ def summary(result: dict[str, Any]) -> str:
 
 def _mode_summary(mode: str, rows: list[dict[str, Any]]) -> list[str]:
     worst = max(rows, key=lambda r: r["worst_pick_loss_pct"])
-    picks = ", ".join(f"{k} x{n}" for k, n in collections.Counter(worst["picks"]).most_common())
+    picks = ", ".join(
+        f"{k} x{n}" for k, n in collections.Counter(worst["picks"]).most_common()
+    )
     lines = [
         f"  pick loss vs best (goal <= {PICK_LOSS_GOAL_PCT:g}%): worst {worst['worst_pick_loss_pct']:.1f}% "
         f"at {size_label(worst['bytes'])} (picks {picks}; best {worst['best']}) "
@@ -413,15 +504,22 @@ def _mode_summary(mode: str, rows: list[dict[str, Any]]) -> list[str]:
     for label, applies, goal_ms in AUTOTUNE_GOALS_MS:
         at = [r["autotune_ms"] for r in rows if applies(r["bytes"])]
         if at:
-            lines.append(f"    goal <= {goal_ms:g} ms at {label}: worst {max(at):.1f} "
-                         f"-> {verdict(max(at) <= goal_ms)}")
+            lines.append(
+                f"    goal <= {goal_ms:g} ms at {label}: worst {max(at):.1f} "
+                f"-> {verdict(max(at) <= goal_ms)}"
+            )
     separated = [r for r in rows if (r["runner_up_gap_pct"] or 0) >= FLIP_GAP_PCT]
     if separated:
         flips = sum(r["flips"] for r in separated)
         tunings = sum(len(r["picks"]) for r in separated)
-        where = ", ".join(
-            f"{size_label(r['bytes'])} {r['flips']}" for r in separated if r["flips"]
-        ) or "none"
+        where = (
+            ", ".join(
+                f"{size_label(r['bytes'])} {r['flips']}"
+                for r in separated
+                if r["flips"]
+            )
+            or "none"
+        )
         lines.append(
             f"  flips where best and runner-up differ by >= {FLIP_GAP_PCT:g}% (goal <= {FLIP_GOAL:.0%}): "
             f"{flips} of {tunings} tunings at {len(separated)} sizes (where: {where}) "
@@ -446,34 +544,72 @@ def plot(result: dict[str, Any], png_path: str) -> None:
     import matplotlib.pyplot as plt
 
     modes = [m for m in MODES if any(r["mode"] == m for r in result["rows"])]
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(modes), figsize=(6.5 * len(modes), 5), squeeze=False
+    )
     for ax, mode in zip(axes[0], modes):
         rows = [r for r in result["rows"] if r["mode"] == mode]
         sizes = [r["bytes"] for r in rows]
         for key in _mode_truth(rows[0]):
             color = COLORS[key]
-            ax.plot(sizes, [_mode_truth(r)[key] for r in rows], "-o", color=color, ms=4, label=f"{key} (truth)")
+            ax.plot(
+                sizes,
+                [_mode_truth(r)[key] for r in rows],
+                "-o",
+                color=color,
+                ms=4,
+                label=f"{key} (truth)",
+            )
             measured = [(r["bytes"], r["measured_us"].get(key)) for r in rows]
-            ax.plot(*zip(*[(b, m) for b, m in measured if m is not None]), "x", color=color, ms=9,
-                    label=f"{key} (measured)")
+            ax.plot(
+                *zip(*[(b, m) for b, m in measured if m is not None]),
+                "x",
+                color=color,
+                ms=9,
+                label=f"{key} (measured)",
+            )
         for r in rows:
-            ax.plot(r["bytes"], _mode_truth(r)[r["pick"]], "s", mfc="none", mec="black", ms=14)
+            ax.plot(
+                r["bytes"],
+                _mode_truth(r)[r["pick"]],
+                "s",
+                mfc="none",
+                mec="black",
+                ms=14,
+            )
             if r["flips"]:
-                ax.annotate(f"{r['flips']}/{len(r['picks'])} flips", (r["bytes"], _mode_truth(r)[r["pick"]]),
-                            textcoords="offset points", xytext=(0, 12), ha="center", fontsize=7)
-        ax.plot([], [], "s", mfc="none", mec="black", ms=12, label="our pick (most frequent)")
+                ax.annotate(
+                    f"{r['flips']}/{len(r['picks'])} flips",
+                    (r["bytes"], _mode_truth(r)[r["pick"]]),
+                    textcoords="offset points",
+                    xytext=(0, 12),
+                    ha="center",
+                    fontsize=7,
+                )
+        ax.plot(
+            [],
+            [],
+            "s",
+            mfc="none",
+            mec="black",
+            ms=12,
+            label="our pick (most frequent)",
+        )
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [size_label(b) for b in sizes], rotation=45, fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("message size")
         ax.set_ylabel("µs per all-reduce (slowest rank)")
-        truth_kind = "replayed CUDA graph" if mode == "graph" else "eager back-to-back calls"
+        truth_kind = (
+            "replayed CUDA graph" if mode == "graph" else "eager back-to-back calls"
+        )
         ax.set_title(f"{mode} mode (truth: {truth_kind})")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(
         f"{result['dtype']} all-reduce tuned through torch.compile, {result['world_size']}x "
-        f"{result['device']}, torch {result['torch']}", fontsize=10,
+        f"{result['device']}, torch {result['torch']}",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
@@ -487,23 +623,46 @@ def report(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    run_parser = commands.add_parser("run", help="measure (under torchrun); writes JSON, plot, goal report")
-    run_parser.add_argument("--out", required=True, help="the JSON; the plot goes beside it (.png)")
+    run_parser = commands.add_parser(
+        "run", help="measure (under torchrun); writes JSON, plot, goal report"
+    )
+    run_parser.add_argument(
+        "--out", required=True, help="the JSON; the plot goes beside it (.png)"
+    )
     run_parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    run_parser.add_argument("--sizes", help="bytes, comma-separated (default: 4 KiB .. 256 MiB; on cpu 4, 64 KiB)")
-    run_parser.add_argument("--repeats", type=int, default=REPEATS, help="fresh tunings per size and mode")
-    run_parser.add_argument("--modes", default=None, help="comma-separated of graph,eager (default: both; on cpu eager)")
-    report_parser = commands.add_parser("report", help="the goal report and the plot of a JSON again")
+    run_parser.add_argument(
+        "--sizes",
+        help="bytes, comma-separated (default: 4 KiB .. 256 MiB; on cpu 4, 64 KiB)",
+    )
+    run_parser.add_argument(
+        "--repeats", type=int, default=REPEATS, help="fresh tunings per size and mode"
+    )
+    run_parser.add_argument(
+        "--modes",
+        default=None,
+        help="comma-separated of graph,eager (default: both; on cpu eager)",
+    )
+    report_parser = commands.add_parser(
+        "report", help="the goal report and the plot of a JSON again"
+    )
     report_parser.add_argument("json")
     args = parser.parse_args()
     if args.command == "report":
         report(args)
         return
     cpu = args.device == "cpu"
-    args.sizes = [int(b) for b in args.sizes.split(",")] if args.sizes else (CPU_SIZES if cpu else SIZES)
-    args.modes = args.modes.split(",") if args.modes else (["eager"] if cpu else list(MODES))
+    args.sizes = (
+        [int(b) for b in args.sizes.split(",")]
+        if args.sizes
+        else (CPU_SIZES if cpu else SIZES)
+    )
+    args.modes = (
+        args.modes.split(",") if args.modes else (["eager"] if cpu else list(MODES))
+    )
     if any(m not in MODES for m in args.modes) or (cpu and "graph" in args.modes):
         parser.error(f"--modes: {args.modes}; choose from {MODES} (eager only on cpu)")
     run(args)

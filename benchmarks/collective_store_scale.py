@@ -59,7 +59,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 
 # c10d logs a warning for every wait that times out; a waiting rank's waits time out by
@@ -71,8 +72,8 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 # default; on some sandboxes one query in ~25). Read when the resolver first starts.
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +94,9 @@ def load_protocol() -> ModuleType:
     Inductor's share one module. Otherwise (a pristine torch, which has no such module)
     load the file under a private name, leaving the installed torch untouched.
     """
-    installed = Path(torch.__file__).resolve().parent / "distributed" / PROTOCOL_FILE.name
+    installed = (
+        Path(torch.__file__).resolve().parent / "distributed" / PROTOCOL_FILE.name
+    )
     if installed.exists() and os.path.samefile(installed, PROTOCOL_FILE):
         return importlib.import_module(PROTOCOL_MODULE)
     if PRIVATE_MODULE in sys.modules:
@@ -170,11 +173,15 @@ class RecordingClient(protocol.StoreClient):
             payload += len(result) if isinstance(result, bytes) else 0
             return result
         except protocol.StoreLostError as e:
-            timed_out = op == "wait" and not isinstance(e.__cause__, dist.DistNetworkError)
+            timed_out = op == "wait" and not isinstance(
+                e.__cause__, dist.DistNetworkError
+            )
             raise
         finally:
             server = 2 if op == "get" or timed_out else 1
-            self.log.append(Request(sent, op, message_of(op, key, amount), server, payload))
+            self.log.append(
+                Request(sent, op, message_of(op, key, amount), server, payload)
+            )
 
 
 class RecordingLiveness(protocol.Liveness):
@@ -264,12 +271,22 @@ SETTINGS = {"collective_benchmark_timeout": 30.0, "collective_benchmark_nruns": 
 def _report(key: str, decided: str | None) -> dict:
     """A site report of the size the real one has (kernel/collective/graph_sessions.py:SiteReport)."""
     labels = ["default", "one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot"]
-    return {"key": key, "choices": labels, "decided": decided, "stored": None, "stored_winner": None,
-            "failed": {}}
+    return {
+        "key": key,
+        "choices": labels,
+        "decided": decided,
+        "stored": None,
+        "stored_winner": None,
+        "failed": {},
+    }
 
 
 def compile_graph(
-    sc: Scenario, stand_ins: StandIns, run: RankRun, client: Any, liveness: Any,
+    sc: Scenario,
+    stand_ins: StandIns,
+    run: RankRun,
+    client: Any,
+    liveness: Any,
 ) -> None:
     """What compiling one graph costs the Store on this rank's group, in the order
     kernel/collective/graph_sessions.py issues it."""
@@ -291,7 +308,9 @@ def compile_graph(
         )
         if decision["kind"] != "compile":
             raise RuntimeError(f"rank {run.rank}: the session decided {decision}")
-        decisions = protocol.GroupDecisions(member, group, members, "scope0", sc.timeout)
+        decisions = protocol.GroupDecisions(
+            member, group, members, "scope0", sc.timeout
+        )
         for k in range(sc.keys):
             key = f"key{k}"
             decisions.get(key)  # collective/selection.py:decided_before_tracing
@@ -320,17 +339,23 @@ def _member_groups(sc: Scenario, group: int) -> list[str]:
 
 
 def _rank_main(
-    sc: Scenario, stand_ins: StandIns, run: RankRun, store: Any, address: str,
+    sc: Scenario,
+    stand_ins: StandIns,
+    run: RankRun,
+    store: Any,
+    address: str,
     start: threading.Barrier,
 ) -> None:
     run.client = client = RecordingClient(store, address, sc.timeout)
     groups = _member_groups(sc, run.group)
-    run.liveness = liveness = RecordingLiveness(client, NAMESPACE, run.rank, lambda: groups)
+    run.liveness = liveness = RecordingLiveness(
+        client, NAMESPACE, run.rank, lambda: groups
+    )
     start.wait()
     run.start = time.monotonic()
     try:
         compile_graph(sc, stand_ins, run, client, liveness)
-    except Exception as e:  # noqa: BLE001 - reported with the scenario's results
+    except Exception as e:
         run.error = f"{type(e).__name__}: {e}"
     run.end = time.monotonic()
 
@@ -370,7 +395,9 @@ class Server:
 
     def __init__(self) -> None:
         before = _threads()
-        self.store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, use_libuv=True)
+        self.store = dist.TCPStore(
+            HOST, 0, is_master=True, wait_for_workers=False, use_libuv=True
+        )
         self.tids = sorted(_threads() - before)
         self.port = self.store.port
         self.address = f"{HOST}:{self.port}"
@@ -384,7 +411,11 @@ class Server:
 
     def client(self, timeout: float) -> Any:
         return dist.TCPStore(
-            HOST, self.port, is_master=False, timeout=timedelta(seconds=timeout), use_libuv=True
+            HOST,
+            self.port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout),
+            use_libuv=True,
         )
 
     def clients(self, n: int, timeout: float) -> list[Any]:
@@ -463,13 +494,18 @@ def _run_scenario(sc: Scenario, stand_ins: StandIns) -> dict[str, Any]:
     connect_s = time.monotonic() - began
     connections = server.connections()
     runs = [
-        RankRun(r, r // sc.group_size, sc.late_s > 0 and r % sc.group_size == sc.group_size - 1)
+        RankRun(
+            r,
+            r // sc.group_size,
+            sc.late_s > 0 and r % sc.group_size == sc.group_size - 1,
+        )
         for r in range(sc.ranks)
     ]
     start = threading.Barrier(sc.ranks + 1)
     threads = [
         threading.Thread(
-            target=_rank_main, args=(sc, stand_ins, run, store, server.address, start),
+            target=_rank_main,
+            args=(sc, stand_ins, run, store, server.address, start),
             name=f"rank{run.rank}",
         )
         for run, store in zip(runs, stores)
@@ -487,7 +523,11 @@ def _run_scenario(sc: Scenario, stand_ins: StandIns) -> dict[str, Any]:
     del stores, threads
     result = _summarise(sc, runs, t0, wall_s, server_cpu_s)
     result.update(
-        connections={"simulated_ranks": sc.ranks, "benchmark_process": 1, "measured": connections},
+        connections={
+            "simulated_ranks": sc.ranks,
+            "benchmark_process": 1,
+            "measured": connections,
+        },
         connect_s=connect_s,
         process_cpu_s=cpu_s,
         process_cpu_per_wall=cpu_s / wall_s,
@@ -514,12 +554,16 @@ def _summarise(
     # (a rate over the compile's time, not a count per key); and everything over K.
     per_key_messages = ("decision read", "VOTE site", "VOTE build", "doing", "PUBLISH")
     own = [
-        sum(1 for r in run.log if r.message in per_key_messages) for run in runs if not run.late
+        sum(1 for r in run.log if r.message in per_key_messages)
+        for run in runs
+        if not run.late
     ]
     groups: dict[int, list[RankRun]] = {}
     for run in runs:
         groups.setdefault(run.group, []).append(run)
-    session_s = [max(r.end for r in g) - min(r.start for r in g) for g in groups.values()]
+    session_s = [
+        max(r.end for r in g) - min(r.start for r in g) for g in groups.values()
+    ]
     # The server's busiest 100 ms.
     bins: dict[int, int] = {}
     for run in runs:
@@ -533,8 +577,12 @@ def _summarise(
         "requests_per_rank_session": _quantiles(per_rank),
         # Requests counted but not yet answered when this was read (heartbeats in flight).
         "requests_in_flight_at_end": total - sum(logged),
-        "requests_per_rank_per_key": {k: v / sc.keys for k, v in _quantiles(per_rank).items()},
-        "key_messages_per_rank_per_key": {k: v / sc.keys for k, v in _quantiles(own).items()},
+        "requests_per_rank_per_key": {
+            k: v / sc.keys for k, v in _quantiles(per_rank).items()
+        },
+        "key_messages_per_rank_per_key": {
+            k: v / sc.keys for k, v in _quantiles(own).items()
+        },
         "by_message_per_rank": {m: n / sc.ranks for m, n in sorted(by_message.items())},
         "server_messages_per_rank_session": _quantiles(server_msgs),
         "payload_bytes_per_rank_session": _quantiles(payload),
@@ -567,14 +615,18 @@ def _summarise(
 # -- the server's cost per request ------------------------------------------------------
 
 
-def measure_server_cost(server: Server, requests: int, clients: Sequence[int]) -> list[dict]:
+def measure_server_cost(
+    server: Server, requests: int, clients: Sequence[int]
+) -> list[dict]:
     """What one request costs this machine's libuv TCPStore server: ``requests`` adds from
     one client (latency), gets from one client (a WAIT and a GET each), and ``requests``
     adds spread over each count of concurrent clients (throughput), with the server
     thread's CPU time per request."""
     rows = []
 
-    def measure(what: str, n_clients: int, n: int, op: Callable[[Any, int], Any], msgs: int):
+    def measure(
+        what: str, n_clients: int, n: int, op: Callable[[Any, int], Any], msgs: int
+    ):
         stores = server.clients(n_clients, 30.0)
         go = threading.Barrier(n_clients + 1)
 
@@ -594,13 +646,19 @@ def measure_server_cost(server: Server, requests: int, clients: Sequence[int]) -
         wall = time.perf_counter() - began
         cpu = server.cpu_s() - cpu0
         done = (n // n_clients) * n_clients
-        rows.append({
-            "what": what, "clients": n_clients, "requests": done, "wall_s": wall,
-            "requests_per_s": done / wall, "us_per_request_wall": 1e6 * wall / done * n_clients,
-            "server_cpu_us_per_request": 1e6 * cpu / done,
-            "server_cpu_us_per_message": 1e6 * cpu / (done * msgs),
-            "server_busy_fraction": cpu / wall,
-        })
+        rows.append(
+            {
+                "what": what,
+                "clients": n_clients,
+                "requests": done,
+                "wall_s": wall,
+                "requests_per_s": done / wall,
+                "us_per_request_wall": 1e6 * wall / done * n_clients,
+                "server_cpu_us_per_request": 1e6 * cpu / done,
+                "server_cpu_us_per_message": 1e6 * cpu / (done * msgs),
+                "server_busy_fraction": cpu / wall,
+            }
+        )
 
     server.store.set("cost/value", "x" * 64)
     measure("add", 1, requests, lambda s, i: s.add("cost/counter", 1), 1)
@@ -634,7 +692,10 @@ def scenarios(quick: bool, max_ranks: int, max_late_ranks: int) -> list[Scenario
     late_s = LATE_LOOKS * protocol.look_interval(late_timeout)
     return [
         *(Scenario(f"{n}r_g{g}_on_time", n, g) for n, g in on_time),
-        *(Scenario(f"{n}r_g{g}_late", n, g, timeout=late_timeout, late_s=late_s) for n, g in late),
+        *(
+            Scenario(f"{n}r_g{g}_late", n, g, timeout=late_timeout, late_s=late_s)
+            for n, g in late
+        ),
     ]
 
 
@@ -644,7 +705,10 @@ def timeout_sweep(quick: bool) -> list[Scenario]:
     timeouts = (2.0, 8.0) if quick else (2.0, 4.0, 8.0, 16.0, 30.0)
     return [
         Scenario(
-            f"16r_g8_late_timeout{t:g}", 16, 8, timeout=t,
+            f"16r_g8_late_timeout{t:g}",
+            16,
+            8,
+            timeout=t,
             late_s=LATE_LOOKS * protocol.look_interval(t),
         )
         for t in timeouts
@@ -662,7 +726,9 @@ def machine() -> dict[str, Any]:
 
     try:
         with open("/proc/cpuinfo") as f:
-            models = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+            models = [
+                ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")
+            ]
         model = models[0] if models else ""
     except OSError:
         model = ""
@@ -675,9 +741,15 @@ def machine() -> dict[str, Any]:
         "protocol_module": protocol.__name__,
         "git_commit": git("rev-parse", "HEAD"),
         # Whether the code that made the numbers differs from that commit.
-        "git_dirty": bool(git(
-            "status", "--porcelain", "--", str(Path(__file__).resolve()), str(PROTOCOL_FILE)
-        )),
+        "git_dirty": bool(
+            git(
+                "status",
+                "--porcelain",
+                "--",
+                str(Path(__file__).resolve()),
+                str(PROTOCOL_FILE),
+            )
+        ),
         "loadavg_at_start": os.getloadavg(),
     }
 
@@ -699,8 +771,16 @@ COLUMNS: list[tuple[str, str, Callable[[dict[str, Any]], Any]]] = [
     ("p50 s", ">6.2f", lambda r: r["session_s_per_group"]["p50"]),
     ("max s", ">6.2f", lambda r: r["session_s_per_group"]["max"]),
     ("conns", ">5", lambda r: r["connections"]["measured"]),
-    ("wait/s", ">6.2f", lambda r: r.get("waiting", {}).get("requests_per_s", {}).get("mean")),
-    ("max", ">5.2f", lambda r: r.get("waiting", {}).get("requests_per_s", {}).get("max")),
+    (
+        "wait/s",
+        ">6.2f",
+        lambda r: r.get("waiting", {}).get("requests_per_s", {}).get("mean"),
+    ),
+    (
+        "max",
+        ">5.2f",
+        lambda r: r.get("waiting", {}).get("requests_per_s", {}).get("max"),
+    ),
 ]
 
 
@@ -723,28 +803,44 @@ def _header() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/store_scale_cpu.json"))
-    parser.add_argument("--quick", action="store_true", help="small sizes, ~30 s: a smoke test")
     parser.add_argument(
-        "--max-ranks", type=int, default=4096,
+        "--out", default=str(REPO / "benchmarks/results/store_scale_cpu.json")
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, ~30 s: a smoke test"
+    )
+    parser.add_argument(
+        "--max-ranks",
+        type=int,
+        default=4096,
         help="the largest job simulated (groups of 8): two threads and a connection a rank",
     )
     parser.add_argument(
-        "--max-late-ranks", type=int, default=2048,
+        "--max-late-ranks",
+        type=int,
+        default=2048,
         help="the largest job with late ranks: their peers all wake at once when they come",
     )
-    parser.add_argument("--only", default="", help="run only scenarios whose name holds this")
+    parser.add_argument(
+        "--only", default="", help="run only scenarios whose name holds this"
+    )
     args = parser.parse_args(argv)
 
     stand_ins = StandIns()
     info = machine()
-    print(f"torch {info['torch']}, protocol {info['protocol_module']}, {info['cpus']} CPUs")
+    print(
+        f"torch {info['torch']}, protocol {info['protocol_module']}, {info['cpus']} CPUs"
+    )
     cost_server = Server()
     cost = measure_server_cost(
-        cost_server, 4000 if args.quick else 20000, (4, 16) if args.quick else (4, 16, 64)
+        cost_server,
+        4000 if args.quick else 20000,
+        (4, 16) if args.quick else (4, 16, 64),
     )
     del cost_server
-    print(f"{'server cost':<12} {'clients':>7} {'req/s':>8} {'us/req':>7} {'srv us/msg':>10}")
+    print(
+        f"{'server cost':<12} {'clients':>7} {'req/s':>8} {'us/req':>7} {'srv us/msg':>10}"
+    )
     for c in cost:
         print(
             f"{c['what']:<12} {c['clients']:>7} {c['requests_per_s']:>8.0f}"
@@ -752,7 +848,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     results = []
     print(_header())
-    runs = scenarios(args.quick, args.max_ranks, args.max_late_ranks) + timeout_sweep(args.quick)
+    runs = scenarios(args.quick, args.max_ranks, args.max_late_ranks) + timeout_sweep(
+        args.quick
+    )
     for sc in runs:
         if args.only and args.only not in sc.name:
             continue

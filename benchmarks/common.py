@@ -16,7 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,9 @@ def fresh_state() -> None:
         return  # already so: a benchmark imports another (dynamic_sweep, allreduce_sweep)
     read = [name for name in _CONFIGS if name in sys.modules]
     if read:
-        raise RuntimeError(f"fresh_state() comes too late: {read} already read the environment")
+        raise RuntimeError(
+            f"fresh_state() comes too late: {read} already read the environment"
+        )
     os.environ.update(FRESH_STATE_ENV)
 
 
@@ -67,7 +70,7 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (gloo)"
 
 
-def git_commit() -> Optional[str]:
+def git_commit() -> str | None:
     """The code's commit, "-dirty" where tracked files differ from it; None outside a
     git checkout (a copy of the working tree on another machine)."""
     try:
@@ -81,7 +84,9 @@ def git_commit() -> Optional[str]:
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30
+    )
 
 
 def header(device: torch.device) -> dict[str, Any]:
@@ -103,14 +108,17 @@ def write_json(path: str, result: dict[str, Any]) -> None:
 # -- inputs ------------------------------------------------------------------------------
 
 
-def rank_randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def rank_randn(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """Random values seeded by the rank: ranks differ, so a wrong sum shows."""
     gen = torch.Generator(device).manual_seed(dist.get_rank())
     return torch.randn(tuple(shape), generator=gen, device=device, dtype=dtype)
 
 
-def token_input(tokens: int, hidden: int, dtype: torch.dtype, device: torch.device,
-                dynamic: bool) -> torch.Tensor:
+def token_input(
+    tokens: int, hidden: int, dtype: torch.dtype, device: torch.device, dynamic: bool
+) -> torch.Tensor:
     """A model's input of ``tokens`` rows. ``dynamic``: its token dimension is, through
     ``maybe_mark_dynamic``, so that a specialisation shows as a recompile in the results
     rather than as an error that ends the run."""
@@ -124,7 +132,9 @@ def assert_close_sum(out: torch.Tensor, reference: torch.Tensor) -> None:
     """``out`` equals ``reference``, a sum over ranks, up to the order of the sum, which
     differs from one implementation to another."""
     tol = 3e-2 if out.dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(out, reference, rtol=tol, atol=tol * reference.abs().max().item())
+    torch.testing.assert_close(
+        out, reference, rtol=tol, atol=tol * reference.abs().max().item()
+    )
 
 
 # -- collectives of the harness, and timing ----------------------------------------------
@@ -175,7 +185,9 @@ class CountedInductor:
     def __init__(self, mode: str) -> None:
         from torch._inductor import list_mode_options  # not at import: see fresh_state
 
-        self.options = list_mode_options("reduce-overhead" if mode == "graph" else "default")
+        self.options = list_mode_options(
+            "reduce-overhead" if mode == "graph" else "default"
+        )
         self.compiles = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
@@ -190,7 +202,7 @@ def pct(value: float, reference: float) -> float:
     return (value - reference) / reference * 100
 
 
-def finite(value: float) -> Optional[float]:
+def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None  # JSON has no infinity
 
 

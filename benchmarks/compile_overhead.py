@@ -45,13 +45,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from common import first_call_s, header, init_process_group, REPO, timed_call, write_json  # benchmarks/
+from common import (
+    first_call_s,
+    header,
+    init_process_group,
+    REPO,
+    timed_call,
+    write_json,
+)  # benchmarks/
 from examples.tp_allreduce import ops
 
 
@@ -60,9 +67,18 @@ RUNS = (("untuned", "cold"), ("untuned", "warm"), ("tuned", "cold"), ("tuned", "
 # The sweep's three on GPUs (benchmarks/allreduce_sweep.py); the op's own is always added.
 GPU_IMPLEMENTATIONS = ("one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot")
 COUNTERS = {
-    "inductor": ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass",
-                 "collective_autotune_sessions", "collective_autotune_sites"),
-    "aot_autograd": ("autograd_cache_hit", "autograd_cache_miss", "autograd_cache_bypass"),
+    "inductor": (
+        "fxgraph_cache_hit",
+        "fxgraph_cache_miss",
+        "fxgraph_cache_bypass",
+        "collective_autotune_sessions",
+        "collective_autotune_sites",
+    ),
+    "aot_autograd": (
+        "autograd_cache_hit",
+        "autograd_cache_miss",
+        "autograd_cache_bypass",
+    ),
 }
 # Per-device defaults: a ~2 MiB bf16 all-reduce on GPUs; small enough for 2 CPU cores.
 DEFAULTS = {
@@ -98,8 +114,18 @@ class ModelConfig:
 
     def flags(self) -> list[str]:
         return [
-            "--device", self.device, "--layers", str(self.layers), "--hidden", str(self.hidden),
-            "--tokens", str(self.tokens), "--dtype", self.dtype, "--mode", self.mode,
+            "--device",
+            self.device,
+            "--layers",
+            str(self.layers),
+            "--hidden",
+            str(self.hidden),
+            "--tokens",
+            str(self.tokens),
+            "--dtype",
+            self.dtype,
+            "--mode",
+            self.mode,
             *(["--dynamic"] if self.dynamic else []),
         ]
 
@@ -116,7 +142,8 @@ class TPStack(nn.Module):
         # of |x| in a random direction, ~12% growth per layer (~35x over 32), fine in bf16.
         scale = 0.5 / (hidden**0.5 * world)
         self.weights = nn.ParameterList(
-            nn.Parameter(torch.randn(hidden, hidden, generator=gen) * scale) for _ in range(layers)
+            nn.Parameter(torch.randn(hidden, hidden, generator=gen) * scale)
+            for _ in range(layers)
         )
         self.group_name = group_name
 
@@ -132,7 +159,11 @@ class TPStack(nn.Module):
 def run_job(args: argparse.Namespace) -> None:
     model_cfg = ModelConfig.from_args(args)
     rank = int(os.environ["RANK"])
-    cache_dir = args.cache_dir if args.shared_cache else os.path.join(args.cache_dir, f"rank{rank}")
+    cache_dir = (
+        args.cache_dir
+        if args.shared_cache
+        else os.path.join(args.cache_dir, f"rank{rank}")
+    )
     # Before the first compile reads them: everything cacheable lands in this job's dir
     # (Inductor puts Triton's kernels under it unless TRITON_CACHE_DIR points elsewhere).
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(cache_dir)
@@ -146,21 +177,31 @@ def run_job(args: argparse.Namespace) -> None:
         ops.register(implementations(model_cfg.device))
 
     dtype = getattr(torch, model_cfg.dtype)
-    model = TPStack(model_cfg.layers, model_cfg.hidden, dist.group.WORLD.group_name, world)
+    model = TPStack(
+        model_cfg.layers, model_cfg.hidden, dist.group.WORLD.group_name, world
+    )
     model = model.to(device, dtype).requires_grad_(False)
-    x = torch.randn(model_cfg.tokens, model_cfg.hidden, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(
+        model_cfg.tokens, model_cfg.hidden, generator=torch.Generator().manual_seed(1)
+    )
     x = x.to(device, dtype)
     if model_cfg.dynamic:
-        torch.fx.experimental._config.backed_size_oblivious = True  # one graph for 1 .. max
+        torch.fx.experimental._config.backed_size_oblivious = (
+            True  # one graph for 1 .. max
+        )
         torch._dynamo.maybe_mark_dynamic(x, 0)
     compiled = torch.compile(
-        model, fullgraph=True, dynamic=None if model_cfg.dynamic else False,
+        model,
+        fullgraph=True,
+        dynamic=None if model_cfg.dynamic else False,
         mode=None if model_cfg.mode == "default" else model_cfg.mode,
     )
     with torch.no_grad():
         first_s, out = timed_call(compiled, x)
         # Before the next call: under CUDA graphs it may reuse the output's memory.
-        output_sha256 = hashlib.sha256(out.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+        output_sha256 = hashlib.sha256(
+            out.cpu().view(torch.uint8).numpy().tobytes()
+        ).hexdigest()
         second_s, _ = timed_call(compiled, x)
     mine = {
         "rank": rank,
@@ -206,7 +247,10 @@ def compile_phases() -> dict[str, float]:
     phase: where an untuned and a tuned compile differ beyond the tuning's phases."""
     from torch._dynamo.utils import compilation_time_metrics
 
-    return {name: round(sum(times), 4) for name, times in sorted(compilation_time_metrics.items())}
+    return {
+        name: round(sum(times), 4)
+        for name, times in sorted(compilation_time_metrics.items())
+    }
 
 
 def record_summary(device_type: str) -> dict[str, Any]:
@@ -220,10 +264,17 @@ def record_summary(device_type: str) -> dict[str, Any]:
         # Where each decision came from ("benchmark", "job", "disk", ...); the decision
         # itself while records have no `source`.
         "sources": [getattr(r, "source", r.decision) for r in records],
-        "winners": [short_winner(r.winner, implementations(device_type)) for r in records],
-        "winners_by_key": {r.key: short_winner(r.winner, implementations(device_type)) for r in records},
+        "winners": [
+            short_winner(r.winner, implementations(device_type)) for r in records
+        ],
+        "winners_by_key": {
+            r.key: short_winner(r.winner, implementations(device_type)) for r in records
+        },
         # Keys whose call sites took different winners (none: every site of a key agrees).
-        "conflicting_keys": sum(len({r.winner for r in records if r.key == k}) > 1 for k in {r.key for r in records}),
+        "conflicting_keys": sum(
+            len({r.winner for r in records if r.key == k}) > 1
+            for k in {r.key for r in records}
+        ),
         "tuning_s_sum": sum(r.tuning_s for r in records),
         # Where a cold tuned compile spends its time, summed over the call sites (seconds
         # on this rank): tracing the choices (upstream), compiling them, their first calls
@@ -235,7 +286,13 @@ def record_summary(device_type: str) -> dict[str, Any]:
 
 
 def breakdown(records: list[Any]) -> dict[str, float]:
-    phases: dict[str, float] = {"trace": 0.0, "build": 0.0, "screen": 0.0, "timing": 0.0, "wait": 0.0}
+    phases: dict[str, float] = {
+        "trace": 0.0,
+        "build": 0.0,
+        "screen": 0.0,
+        "timing": 0.0,
+        "wait": 0.0,
+    }
     for r in records:
         phases["trace"] += getattr(r, "trace_s", 0.0)
         phases["build"] += r.build_s
@@ -249,7 +306,9 @@ def was_benchmarked(record: Any) -> bool:
     # Records say where a reused decision came from once `source` exists; before, every
     # "benchmark" decision timed its call site.
     source = getattr(record, "source", None)
-    return source == "benchmark" if source is not None else record.decision == "benchmark"
+    return (
+        source == "benchmark" if source is not None else record.decision == "benchmark"
+    )
 
 
 def short_winner(label: str, names: tuple[str, ...]) -> str:
@@ -266,16 +325,31 @@ def run_all(args: argparse.Namespace) -> None:
     print(f"caches and per-job results under {work_dir}", flush=True)
     # A machine's first compile reads the compiler and the headers from disk: a throwaway
     # one-layer job keeps that cost out of the first measured job.
-    launch(args.nproc, dataclasses.replace(model_cfg, layers=1), "untuned", "cold",
-           empty_dir(os.path.join(work_dir, "cache_warm_up")), os.path.join(work_dir, "warm_up.json"),
-           args.shared_cache, label="warm-up")
+    launch(
+        args.nproc,
+        dataclasses.replace(model_cfg, layers=1),
+        "untuned",
+        "cold",
+        empty_dir(os.path.join(work_dir, "cache_warm_up")),
+        os.path.join(work_dir, "warm_up.json"),
+        args.shared_cache,
+        label="warm-up",
+    )
     parts = {}
     for variant, phase in RUNS:
         cache_dir = os.path.join(work_dir, f"cache_{variant}")
         if phase == "cold":  # fresh per variant, even in a reused --work-dir
             empty_dir(cache_dir)
         part_path = os.path.join(work_dir, f"{variant}_{phase}.json")
-        launch(args.nproc, model_cfg, variant, phase, cache_dir, part_path, args.shared_cache)
+        launch(
+            args.nproc,
+            model_cfg,
+            variant,
+            phase,
+            cache_dir,
+            part_path,
+            args.shared_cache,
+        )
         with open(part_path) as f:
             parts[f"{variant}_{phase}"] = json.load(f)
     result = merge(parts, model_cfg)
@@ -293,13 +367,32 @@ def empty_dir(path: str) -> str:
 
 
 def launch(
-    nproc: int, model_cfg: ModelConfig, variant: str, phase: str, cache_dir: str, part_path: str,
-    shared_cache: bool, label: str = "",
+    nproc: int,
+    model_cfg: ModelConfig,
+    variant: str,
+    phase: str,
+    cache_dir: str,
+    part_path: str,
+    shared_cache: bool,
+    label: str = "",
 ) -> None:
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        os.path.abspath(__file__), "run", "--variant", variant, "--phase", phase,
-        "--cache-dir", cache_dir, "--out", part_path, *model_cfg.flags(),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        os.path.abspath(__file__),
+        "run",
+        "--variant",
+        variant,
+        "--phase",
+        phase,
+        "--cache-dir",
+        cache_dir,
+        "--out",
+        part_path,
+        *model_cfg.flags(),
         *(["--shared-cache"] if shared_cache else []),
     ]
     label = label or f"{variant} {phase}"
@@ -315,7 +408,8 @@ def merge(parts: dict[str, dict[str, Any]], model_cfg: ModelConfig) -> dict[str,
     for variant in ("untuned", "tuned"):
         cold, warm = parts[f"{variant}_cold"], parts[f"{variant}_warm"]
         runs[f"{variant}_warm"]["outputs_match_cold"] = all(
-            w["output_sha256"] == c["output_sha256"] for w, c in zip(warm["per_rank"], cold["per_rank"])
+            w["output_sha256"] == c["output_sha256"]
+            for w, c in zip(warm["per_rank"], cold["per_rank"])
         )
     return {
         # Each job's header; the jobs run one checkout on one machine.
@@ -348,49 +442,70 @@ def run_result(part: dict[str, Any]) -> dict[str, Any]:
         "winners_per_site": winners_per_site,
         "winners_by_key": ranks[0]["winners_by_key"],
         "conflicting_keys": max(r["conflicting_keys"] for r in ranks),
-        "ranks_agree": all(r["winners_by_key"] == ranks[0]["winners_by_key"] for r in ranks),
+        "ranks_agree": all(
+            r["winners_by_key"] == ranks[0]["winners_by_key"] for r in ranks
+        ),
         "tuning_s_sum": max(r["tuning_s_sum"] for r in ranks),
         # Rank 0's (where ranks differ, they wait for each other: wait says so).
         "breakdown_s": ranks[0].get("breakdown_s", {}),
         "compile_phases_s": ranks[0].get("compile_phases_s", {}),
         "store_requests_per_rank": [r.get("store_requests", 0) for r in ranks],
-        "counters": {name: [r["counters"].get(name, 0) for r in ranks] for name in counters},
+        "counters": {
+            name: [r["counters"].get(name, 0) for r in ranks] for name in counters
+        },
     }
 
 
-def goals(runs: dict[str, dict[str, Any]], model_cfg: ModelConfig) -> dict[str, dict[str, Any]]:
+def goals(
+    runs: dict[str, dict[str, Any]], model_cfg: ModelConfig
+) -> dict[str, dict[str, Any]]:
     gpu = model_cfg.device == "cuda"
     untuned_cold, untuned_warm = runs["untuned_cold"], runs["untuned_warm"]
     tuned_cold, tuned_warm = runs["tuned_cold"], runs["tuned_warm"]
     overhead = 100 * (tuned_cold["compile_s"] / untuned_cold["compile_s"] - 1)
     overhead_goal = 10 if gpu else 25
     if gpu:
-        warm_goal, warm_limit = "within 10% of untuned_warm", 1.1 * untuned_warm["compile_s"]
+        warm_goal, warm_limit = (
+            "within 10% of untuned_warm",
+            1.1 * untuned_warm["compile_s"],
+        )
     else:
         warm_goal, warm_limit = "<= 0.5 x tuned_cold", 0.5 * tuned_cold["compile_s"]
     return {
         "tuned_cold_overhead_pct": {
-            "value": overhead, "goal": f"<= {overhead_goal}%", "met": overhead <= overhead_goal,
+            "value": overhead,
+            "goal": f"<= {overhead_goal}%",
+            "met": overhead <= overhead_goal,
         },
         "one_winner_per_key_cold": {
-            "value": tuned_cold["winners"], "call_sites": tuned_cold["call_sites"],
+            "value": tuned_cold["winners"],
+            "call_sites": tuned_cold["call_sites"],
             "goal": "one winner for all call sites of a key (of each range's key, dynamic)",
             "met": tuned_cold["call_sites"] > 0 and tuned_cold["conflicting_keys"] == 0,
         },
         "tuned_warm_no_benchmarking": {
-            "value": tuned_warm["benchmarks"], "goal": "0 call sites timed",
+            "value": tuned_warm["benchmarks"],
+            "goal": "0 call sites timed",
             "met": tuned_warm["benchmarks"] == 0,
         },
         "tuned_warm_compile_s": {
-            "value": tuned_warm["compile_s"], "goal": warm_goal,
+            "value": tuned_warm["compile_s"],
+            "goal": warm_goal,
             "met": tuned_warm["compile_s"] <= warm_limit,
         },
         "tuned_warm_same_winners": same_winners(tuned_cold, tuned_warm),
-        **({"ladder_extra_compile_s": {
-            # Issue 17's budget for the ladder of one op.
-            "value": tuned_cold["compile_s"] - untuned_cold["compile_s"], "goal": "<= 0.5 s cold",
-            "met": tuned_cold["compile_s"] - untuned_cold["compile_s"] <= 0.5,
-        }} if model_cfg.dynamic else {}),
+        **(
+            {
+                "ladder_extra_compile_s": {
+                    # Issue 17's budget for the ladder of one op.
+                    "value": tuned_cold["compile_s"] - untuned_cold["compile_s"],
+                    "goal": "<= 0.5 s cold",
+                    "met": tuned_cold["compile_s"] - untuned_cold["compile_s"] <= 0.5,
+                }
+            }
+            if model_cfg.dynamic
+            else {}
+        ),
     }
 
 
@@ -402,9 +517,14 @@ def same_winners(cold: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
     the cold one too.
     """
     keys = set(cold["winners_by_key"]) | set(warm["winners_by_key"])
-    differ = sorted(k for k in keys if cold["winners_by_key"].get(k) != warm["winners_by_key"].get(k))
+    differ = sorted(
+        k
+        for k in keys
+        if cold["winners_by_key"].get(k) != warm["winners_by_key"].get(k)
+    )
     return {
-        "value": f"{len(differ)} of {len(keys)} keys differ" + (f": {differ}" if differ else ""),
+        "value": f"{len(differ)} of {len(keys)} keys differ"
+        + (f": {differ}" if differ else ""),
         "goal": "the cold job's winner for every key, same output",
         "met": not differ and warm["outputs_match_cold"],
     }
@@ -412,7 +532,9 @@ def same_winners(cold: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
 
 def machine_tag(result: dict[str, Any]) -> str:
     """gloo2, h200x2, h200x4, ...: the GPU model from its name ("NVIDIA H200")."""
-    if result["device"].lower().startswith("cpu"):  # "cpu (gloo)" before the shared header
+    if (
+        result["device"].lower().startswith("cpu")
+    ):  # "cpu (gloo)" before the shared header
         return f"gloo{result['world_size']}"
     model = re.search(r"\b([A-Z]+\d+)\b", result["device"])
     return f"{model.group(1).lower() if model else 'gpu'}x{result['world_size']}"
@@ -436,14 +558,20 @@ def summary(result: dict[str, Any]) -> str:
             f"{max(c.get('collective_autotune_sessions', ['-'])):>8}  {describe_winners(run)}"
         )
         if run.get("breakdown_s") and run["call_sites"]:
-            lines.append("              where tuning went (s): " + ", ".join(
-                f"{phase} {seconds:.2f}" for phase, seconds in run["breakdown_s"].items()
-            ))
+            lines.append(
+                "              where tuning went (s): "
+                + ", ".join(
+                    f"{phase} {seconds:.2f}"
+                    for phase, seconds in run["breakdown_s"].items()
+                )
+            )
     lines.append("goals:")
     for name, goal in result["goals"].items():
         value = goal["value"]
         shown = f"{value:.2f}" if isinstance(value, float) else str(value)
-        lines.append(f"  {'met' if goal['met'] else 'NOT MET':<7}  {name}: {shown} (goal: {goal['goal']})")
+        lines.append(
+            f"  {'met' if goal['met'] else 'NOT MET':<7}  {name}: {shown} (goal: {goal['goal']})"
+        )
     return "\n".join(lines)
 
 
@@ -494,8 +622,16 @@ class WrittenStack(TPStack):
 def written(winner: str) -> type:
     """The model with ``winner`` (an implementation's name; "default": the op's own)
     written in."""
-    implementation = plain_all_reduce if winner == ops.OWN else ops.IMPLEMENTATIONS[winner].decomposition
-    return type(f"Written_{winner}", (WrittenStack,), {"implementation": staticmethod(implementation)})
+    implementation = (
+        plain_all_reduce
+        if winner == ops.OWN
+        else ops.IMPLEMENTATIONS[winner].decomposition
+    )
+    return type(
+        f"Written_{winner}",
+        (WrittenStack,),
+        {"implementation": staticmethod(implementation)},
+    )
 
 
 def run_in_process(args: argparse.Namespace) -> None:
@@ -524,30 +660,52 @@ def run_in_process(args: argparse.Namespace) -> None:
     results = []
     for config in args.configs.split(","):
         mode, shape = config.split(":")
-        cfg = dataclasses.replace(ModelConfig.from_args(args), mode=mode, dynamic=shape == "dynamic")
+        cfg = dataclasses.replace(
+            ModelConfig.from_args(args), mode=mode, dynamic=shape == "dynamic"
+        )
         with fresh_cache():
-            warm_up_s, _ = compile_seconds(PlainStack, dataclasses.replace(cfg, layers=1, hidden=cfg.hidden // 2),
-                                           device, dist.group.WORLD)
+            warm_up_s, _ = compile_seconds(
+                PlainStack,
+                dataclasses.replace(cfg, layers=1, hidden=cfg.hidden // 2),
+                device,
+                dist.group.WORLD,
+            )
         reps = []
         profiled = None
-        for rep in range(args.repeat + bool(args.profile)):  # a profiled one last, apart
+        for rep in range(
+            args.repeat + bool(args.profile)
+        ):  # a profiled one last, apart
             group = used_group(device)
             times, phases = {}, {}
             with fresh_cache():
-                times["plain"], phases["plain"] = compile_seconds(PlainStack, cfg, device, group)
+                times["plain"], phases["plain"] = compile_seconds(
+                    PlainStack, cfg, device, group
+                )
             with fresh_cache():
                 start = len(collective_autotune_records())
-                profile_to = (os.path.join(args.profile, f"{mode}_{shape}_rank{rank}")
-                              if rep == args.repeat else None)
+                profile_to = (
+                    os.path.join(args.profile, f"{mode}_{shape}_rank{rank}")
+                    if rep == args.repeat
+                    else None
+                )
                 times["tuned"], phases["tuned"] = compile_seconds(
-                    TPStack, cfg, device, group, profile_to and profile_to + ".txt")
+                    TPStack, cfg, device, group, profile_to and profile_to + ".txt"
+                )
                 tuned_records = collective_autotune_records()[start:]
                 times["tuned_again"], _ = compile_seconds(TPStack, cfg, device, group)
             # Where ranges differ, the winner of most call sites.
-            winner = statistics.mode(short_winner(r.winner, implementations(args.device)) for r in tuned_records)
+            winner = statistics.mode(
+                short_winner(r.winner, implementations(args.device))
+                for r in tuned_records
+            )
             with fresh_cache():
                 times["written"], phases["written"] = compile_seconds(
-                    written(winner), cfg, device, group, profile_to and profile_to + "_written.txt")
+                    written(winner),
+                    cfg,
+                    device,
+                    group,
+                    profile_to and profile_to + "_written.txt",
+                )
             this = {
                 "compile_s": {k: round(v, 3) for k, v in times.items()},
                 "extra_s": round(times["tuned"] - times["plain"], 3),
@@ -556,11 +714,15 @@ def run_in_process(args: argparse.Namespace) -> None:
                 # Inductor's phases that tuning makes longer (tuned less plain, this rank).
                 "phases_extra_s": phases_longer(phases["tuned"], phases["plain"]),
                 # ... and tuned less the winner written in: what tuning itself adds.
-                "phases_over_written_s": phases_longer(phases["tuned"], phases["written"]),
+                "phases_over_written_s": phases_longer(
+                    phases["tuned"], phases["written"]
+                ),
                 "sites": len(tuned_records),
                 "winners": sorted({r.winner for r in tuned_records}),
                 "breakdown_s": breakdown(tuned_records),
-                "store_requests": sum(getattr(r, "store_requests", 0) for r in tuned_records),
+                "store_requests": sum(
+                    getattr(r, "store_requests", 0) for r in tuned_records
+                ),
             }
             if profile_to is None:
                 reps.append(this)
@@ -568,39 +730,73 @@ def run_in_process(args: argparse.Namespace) -> None:
                 profiled = this
             if rank == 0:
                 r = this
-                print(f"{mode:>15} {shape:>7} {'profiled' if profile_to else f'#{rep}'}: plain {times['plain']:.2f} s, tuned {times['tuned']:.2f} s "
-                      f"(+{r['extra_s']:.2f} s), {winner} written in {times['written']:.2f} s, again {times['tuned_again']:.2f} s; {r['sites']} sites, "
-                      f"winners {r['winners']}; where tuning went: {r['breakdown_s']}; "
-                      f"Inductor's phases, tuned less plain: {r['phases_extra_s']}, "
-                      f"tuned less written: {r['phases_over_written_s']}", flush=True)
+                print(
+                    f"{mode:>15} {shape:>7} {'profiled' if profile_to else f'#{rep}'}: plain {times['plain']:.2f} s, tuned {times['tuned']:.2f} s "
+                    f"(+{r['extra_s']:.2f} s), {winner} written in {times['written']:.2f} s, again {times['tuned_again']:.2f} s; {r['sites']} sites, "
+                    f"winners {r['winners']}; where tuning went: {r['breakdown_s']}; "
+                    f"Inductor's phases, tuned less plain: {r['phases_extra_s']}, "
+                    f"tuned less written: {r['phases_over_written_s']}",
+                    flush=True,
+                )
         median = {
-            "compile_s": {k: round(statistics.median(r["compile_s"][k] for r in reps), 3)
-                          for k in reps[0]["compile_s"]},
+            "compile_s": {
+                k: round(statistics.median(r["compile_s"][k] for r in reps), 3)
+                for k in reps[0]["compile_s"]
+            },
             "extra_s": round(statistics.median(r["extra_s"] for r in reps), 3),
-            "extra_over_written_s": round(statistics.median(r["extra_over_written_s"] for r in reps), 3),
-            "breakdown_s": {k: round(statistics.median(r["breakdown_s"][k] for r in reps), 4)
-                            for k in reps[0]["breakdown_s"]},
+            "extra_over_written_s": round(
+                statistics.median(r["extra_over_written_s"] for r in reps), 3
+            ),
+            "breakdown_s": {
+                k: round(statistics.median(r["breakdown_s"][k] for r in reps), 4)
+                for k in reps[0]["breakdown_s"]
+            },
         }
-        results.append({"mode": mode, "shape": shape, "warm_up_s": round(warm_up_s, 3), **median,
-                        "sites": reps[0]["sites"], "winners": sorted({w for r in reps for w in r["winners"]}),
-                        "repetitions": reps, **({"profiled": profiled} if profiled else {})})
+        results.append(
+            {
+                "mode": mode,
+                "shape": shape,
+                "warm_up_s": round(warm_up_s, 3),
+                **median,
+                "sites": reps[0]["sites"],
+                "winners": sorted({w for r in reps for w in r["winners"]}),
+                "repetitions": reps,
+                **({"profiled": profiled} if profiled else {}),
+            }
+        )
         if rank == 0:
-            print(f"{mode:>15} {shape:>7} median of {len(reps)}: plain {median['compile_s']['plain']:.2f} s, "
-                  f"tuned {median['compile_s']['tuned']:.2f} s, extra {median['extra_s']:+.2f} s, "
-                  f"over the winner written in {median['extra_over_written_s']:+.2f} s; "
-                  f"where tuning went: {median['breakdown_s']}", flush=True)
+            print(
+                f"{mode:>15} {shape:>7} median of {len(reps)}: plain {median['compile_s']['plain']:.2f} s, "
+                f"tuned {median['compile_s']['tuned']:.2f} s, extra {median['extra_s']:+.2f} s, "
+                f"over the winner written in {median['extra_over_written_s']:+.2f} s; "
+                f"where tuning went: {median['breakdown_s']}",
+                flush=True,
+            )
     if rank == 0:
-        result = {**header(device), "layers": args.layers, "hidden": cfg.hidden, "tokens": cfg.tokens,
-                  "dtype": cfg.dtype, "world_size": world, "repeat": args.repeat, "runs": results,
-                  "goal": "tuning adds at most 0.5 s per tuned op to a cold compile"}
+        result = {
+            **header(device),
+            "layers": args.layers,
+            "hidden": cfg.hidden,
+            "tokens": cfg.tokens,
+            "dtype": cfg.dtype,
+            "world_size": world,
+            "repeat": args.repeat,
+            "runs": results,
+            "goal": "tuning adds at most 0.5 s per tuned op to a cold compile",
+        }
         write_json(args.out, result)
     dist.destroy_process_group()
 
 
-def phases_longer(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+def phases_longer(
+    after: dict[str, float], before: dict[str, float]
+) -> dict[str, float]:
     """Inductor's phases (seconds) that ``after`` spent longer or shorter in than
     ``before``, by 10 ms or more."""
-    differences = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(set(after) | set(before))}
+    differences = {
+        k: after.get(k, 0.0) - before.get(k, 0.0)
+        for k in sorted(set(after) | set(before))
+    }
     return {k: round(d, 3) for k, d in differences.items() if abs(d) >= 0.01}
 
 
@@ -612,29 +808,46 @@ def used_group(device: torch.device) -> dist.ProcessGroup:
     return group
 
 
-def compile_seconds(stack: type, cfg: ModelConfig, device: torch.device, group: dist.ProcessGroup,
-                    profile_to: Optional[str] = None) -> tuple[float, dict[str, float]]:
+def compile_seconds(
+    stack: type,
+    cfg: ModelConfig,
+    device: torch.device,
+    group: dist.ProcessGroup,
+    profile_to: str | None = None,
+) -> tuple[float, dict[str, float]]:
     """The compile time of one model on ``group``, Dynamo reset first: its first call
     less a later one, slowest rank; and the seconds of each of Inductor's phases
     (dynamo_timed) in its calls, this rank. With ``profile_to``, the first call's
     profile is written there (text, and ``.prof`` beside it)."""
     torch._dynamo.reset()
     dtype = getattr(torch, cfg.dtype)
-    model = stack(cfg.layers, cfg.hidden, group.group_name, group.size()).to(device, dtype)
+    model = stack(cfg.layers, cfg.hidden, group.group_name, group.size()).to(
+        device, dtype
+    )
     model.requires_grad_(False)
-    x = torch.randn(cfg.tokens, cfg.hidden, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    x = torch.randn(
+        cfg.tokens, cfg.hidden, generator=torch.Generator().manual_seed(1)
+    ).to(device, dtype)
     if cfg.dynamic:
         torch.fx.experimental._config.backed_size_oblivious = True
         torch._dynamo.maybe_mark_dynamic(x, 0)
-    compiled = torch.compile(model, fullgraph=True, dynamic=None if cfg.dynamic else False,
-                             mode=None if cfg.mode == "default" else cfg.mode)
+    compiled = torch.compile(
+        model,
+        fullgraph=True,
+        dynamic=None if cfg.dynamic else False,
+        mode=None if cfg.mode == "default" else cfg.mode,
+    )
     profiler = cProfile.Profile() if profile_to else contextlib.nullcontext()
     before = compile_phases()
     with torch.no_grad():
         with profiler:
             seconds = first_call_s(compiled, x)
     after = compile_phases()
-    phases = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items() if v - before.get(k, 0.0) >= 0.005}
+    phases = {
+        k: round(v - before.get(k, 0.0), 4)
+        for k, v in after.items()
+        if v - before.get(k, 0.0) >= 0.005
+    }
     if profile_to:
         os.makedirs(os.path.dirname(profile_to), exist_ok=True)
         profiler.dump_stats(profile_to + ".prof")
@@ -644,36 +857,73 @@ def compile_seconds(stack: type, cfg: ModelConfig, device: torch.device, group: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     common.add_argument("--layers", type=int, default=32)
     common.add_argument("--hidden", type=int, help="default: 1024 on cuda, 256 on cpu")
     common.add_argument("--tokens", type=int, help="default: 1024 on cuda, 64 on cpu")
-    common.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
-                        help="default: bfloat16 on cuda, float32 on cpu")
-    common.add_argument("--mode", choices=["default", "reduce-overhead"], default="default",
-                        help="torch.compile mode (reduce-overhead: CUDA graphs, cuda only)")
-    common.add_argument("--dynamic", action="store_true",
-                        help="a dynamic token dimension: the op is tuned at a ladder of sizes")
-    common.add_argument("--shared-cache", action="store_true",
-                        help="all ranks share the cache dir (default: DIR/rank{r} per rank)")
+    common.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        help="default: bfloat16 on cuda, float32 on cpu",
+    )
+    common.add_argument(
+        "--mode",
+        choices=["default", "reduce-overhead"],
+        default="default",
+        help="torch.compile mode (reduce-overhead: CUDA graphs, cuda only)",
+    )
+    common.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="a dynamic token dimension: the op is tuned at a ladder of sizes",
+    )
+    common.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="all ranks share the cache dir (default: DIR/rank{r} per rank)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", parents=[common], help="one job, under torchrun")
     run.add_argument("--variant", choices=["untuned", "tuned"], required=True)
     run.add_argument("--phase", choices=["cold", "warm"], required=True)
     run.add_argument("--cache-dir", required=True)
-    run.add_argument("--out", required=True, help="the job's part JSON, written by rank 0")
-    every = commands.add_parser("all", parents=[common], help="the four jobs, then the results")
+    run.add_argument(
+        "--out", required=True, help="the job's part JSON, written by rank 0"
+    )
+    every = commands.add_parser(
+        "all", parents=[common], help="the four jobs, then the results"
+    )
     every.add_argument("--nproc", type=int, default=2)
-    every.add_argument("--work-dir", help="caches and part JSONs (default: a new temporary dir)")
-    every.add_argument("--out", help="results JSON (default: benchmarks/results/compile_overhead_<machine>.json)")
-    inproc = commands.add_parser("inprocess", parents=[common], help="every config in one process")
-    inproc.add_argument("--configs", default="default:static,default:dynamic",
-                        help="comma-separated mode:shape (shape static or dynamic)")
+    every.add_argument(
+        "--work-dir", help="caches and part JSONs (default: a new temporary dir)"
+    )
+    every.add_argument(
+        "--out",
+        help="results JSON (default: benchmarks/results/compile_overhead_<machine>.json)",
+    )
+    inproc = commands.add_parser(
+        "inprocess", parents=[common], help="every config in one process"
+    )
+    inproc.add_argument(
+        "--configs",
+        default="default:static,default:dynamic",
+        help="comma-separated mode:shape (shape static or dynamic)",
+    )
     inproc.add_argument("--out", required=True, help="results JSON, written by rank 0")
-    inproc.add_argument("--repeat", type=int, default=3, help="plain and tuned compiles per config (medians)")
-    inproc.add_argument("--profile", help="a dir for one more tuned compile per config, profiled (text and pstats)")
+    inproc.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="plain and tuned compiles per config (medians)",
+    )
+    inproc.add_argument(
+        "--profile",
+        help="a dir for one more tuned compile per config, profiled (text and pstats)",
+    )
     args = parser.parse_args()
     if args.mode == "reduce-overhead" and args.device != "cuda":
         parser.error("--mode reduce-overhead needs --device cuda")

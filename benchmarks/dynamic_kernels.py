@@ -77,19 +77,26 @@ def kernel_us(fn, x: torch.Tensor) -> dict[str, float]:
         torch.cuda.synchronize()
     return {
         e.key: round(e.device_time_total / STEPS, 1)
-        for e in prof.key_averages() if e.device_time_total > 0
+        for e in prof.key_averages()
+        if e.device_time_total > 0
     }
 
 
 def int64_kernels(codes: list[str]) -> list[str]:
     """The names of the Triton kernels in the generated ``codes`` that index in 64 bits."""
     # Each kernel's source is a string from its @triton.jit to the closing quotes.
-    sources = [k.split("'''", 1)[0] for code in codes for k in code.split("@triton.jit")[1:]]
-    return sorted({re.search(r"def (\w+)\(", k).group(1) for k in sources if "tl.int64" in k})
+    sources = [
+        k.split("'''", 1)[0] for code in codes for k in code.split("@triton.jit")[1:]
+    ]
+    return sorted(
+        {re.search(r"def (\w+)\(", k).group(1) for k in sources if "tl.int64" in k}
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     # Each compile picks its kernels' launch configurations at their own first launch:
@@ -97,13 +104,18 @@ def main() -> None:
     # configuration the first compile picked.
     torch._inductor.config.autotune_local_cache = False
     gen = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(HIDDEN, HIDDEN, generator=gen) / HIDDEN**0.5).cuda().bfloat16() for _ in range(LAYERS)]
+    weights = [
+        (torch.randn(HIDDEN, HIDDEN, generator=gen) / HIDDEN**0.5).cuda().bfloat16()
+        for _ in range(LAYERS)
+    ]
     rows = []
     wide: dict[str, list[str]] = {}
     for compile_, (bounded, compile_tokens) in COMPILES.items():
         torch._dynamo.reset()
         dynamic = compile_tokens is not None
-        compiled = torch.compile(make_model(weights, bounded), dynamic=None if dynamic else False)
+        compiled = torch.compile(
+            make_model(weights, bounded), dynamic=None if dynamic else False
+        )
         codes = []
         for tokens in (compile_tokens,) if dynamic else TOKENS:
             first = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -112,19 +124,33 @@ def main() -> None:
             codes += run_and_get_code(compiled, first)[1]
         wide[compile_] = int64_kernels(codes)
         for tokens in TOKENS:
-            kernels = kernel_us(compiled, torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16))
-            rows.append({
-                "compile": compile_, "tokens": tokens,
-                "step_device_us": round(sum(kernels.values()), 1), "kernels_us": kernels,
-            })
+            kernels = kernel_us(
+                compiled,
+                torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16),
+            )
+            rows.append(
+                {
+                    "compile": compile_,
+                    "tokens": tokens,
+                    "step_device_us": round(sum(kernels.values()), 1),
+                    "kernels_us": kernels,
+                }
+            )
     by = {(r["compile"], r["tokens"]): r["step_device_us"] for r in rows}
     result = {
-        **header(torch.device("cuda", torch.cuda.current_device())), "hidden": HIDDEN,
-        "layers": LAYERS, "compile_tokens": COMPILE_TOKENS, "rows": rows,
+        **header(torch.device("cuda", torch.cuda.current_device())),
+        "hidden": HIDDEN,
+        "layers": LAYERS,
+        "compile_tokens": COMPILE_TOKENS,
+        "rows": rows,
         "int64_kernels": wide,
         "dynamic_loss_pct": {
-            compile_: {t: round((by[compile_, t] / by["static", t] - 1) * 100, 1) for t in TOKENS}
-            for compile_ in COMPILES if compile_ != "static"
+            compile_: {
+                t: round((by[compile_, t] / by["static", t] - 1) * 100, 1)
+                for t in TOKENS
+            }
+            for compile_ in COMPILES
+            if compile_ != "static"
         },
     }
     write_json(args.out, result)

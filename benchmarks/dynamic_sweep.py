@@ -50,7 +50,8 @@ import dataclasses
 import json
 import re
 import time
-from typing import Any, Optional, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import common  # benchmarks/, the script's own directory
 
@@ -58,18 +59,30 @@ import common  # benchmarks/, the script's own directory
 # Every tuning starts from fresh state.
 common.fresh_state()
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch._inductor import config as inductor_config  # noqa: E402
-from torch._inductor.kernel.collective.hooks import collective_autotune_records  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch._inductor import config as inductor_config
+from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
-import allreduce_sweep as sweep  # noqa: E402
-from common import (  # noqa: E402
-    assert_close_sum, CountedInductor, finite, first_call_s, group_max, header,
-    init_process_group, pct, rank_randn, rounded, size_label, token_input, verdict, write_json,
+import allreduce_sweep as sweep
+from common import (
+    assert_close_sum,
+    CountedInductor,
+    finite,
+    first_call_s,
+    group_max,
+    header,
+    init_process_group,
+    pct,
+    rank_randn,
+    rounded,
+    size_label,
+    token_input,
+    verdict,
+    write_json,
 )
-from examples.tp_allreduce import ops  # noqa: E402
-from examples.tp_allreduce.demo import TPBlock  # noqa: E402
+from examples.tp_allreduce import ops
+from examples.tp_allreduce.demo import TPBlock
 
 
 # Goals: the implementation that runs within these of the best truth at its size; no
@@ -107,13 +120,21 @@ class Bench:
 BENCHES = {
     "cuda": Bench(
         implementations=("one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot"),
-        dtype=torch.bfloat16, hidden=4096, ffn=4 * 4096,
-        tokens=(1, 8, 64, 512, 4096, 16384), dynamic_max=16384, modes=sweep.MODES,
+        dtype=torch.bfloat16,
+        hidden=4096,
+        ffn=4 * 4096,
+        tokens=(1, 8, 64, 512, 4096, 16384),
+        dynamic_max=16384,
+        modes=sweep.MODES,
     ),
     "cpu": Bench(  # symmetric memory and CUDA graphs need CUDA
         implementations=("one_all_reduce",),
-        dtype=torch.float32, hidden=256, ffn=4 * 256,
-        tokens=(1, 8, 64, 512), dynamic_max=512, modes=("eager",),
+        dtype=torch.float32,
+        hidden=256,
+        ffn=4 * 256,
+        tokens=(1, 8, 64, 512),
+        dynamic_max=512,
+        modes=("eager",),
     ),
 }
 
@@ -132,7 +153,11 @@ def compile_block(
     """The eager block on ``group``, a fresh compile of it (nothing of earlier compiles
     kept) and the compile's counter."""
     torch._dynamo.reset()
-    block = TPBlock(bench.hidden, bench.ffn, group, device).to(bench.dtype).requires_grad_(False)
+    block = (
+        TPBlock(bench.hidden, bench.ffn, group, device)
+        .to(bench.dtype)
+        .requires_grad_(False)
+    )
     backend = CountedInductor(mode)
     return block, torch.compile(block, backend=backend, fullgraph=True), backend
 
@@ -145,7 +170,10 @@ def observed_call(compiled: Any, x: torch.Tensor) -> tuple[torch.Tensor, list[st
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = compiled(x)
-    launched = sorted((e for e in prof.events() if e.name in OBSERVED_OPS), key=lambda e: e.time_range.start)
+    launched = sorted(
+        (e for e in prof.events() if e.name in OBSERVED_OPS),
+        key=lambda e: e.time_range.start,
+    )
     return out, [OBSERVED_OPS[e.name] for e in launched]
 
 
@@ -157,7 +185,9 @@ class LadderRange:
     end: float  # inf: the last range, tuned at the ladder's top size
     winner: str
     source: str
-    measured_us: dict[str, Optional[float]]  # per choice, slowest rank; empty where not timed
+    measured_us: dict[
+        str, float | None
+    ]  # per choice, slowest rank; empty where not timed
     # build_s and tuning_s of the record, each the slowest rank's.
     seconds: dict[str, float]
 
@@ -187,7 +217,11 @@ class Ladder:
 def ladder_of(records: Sequence[Any], group_name: str, device: torch.device) -> Ladder:
     """The ladder of one compile, from its records."""
     own = sorted(
-        ((int(m[1]), float(m[2]), r) for r in records if (m := _RANGE.search(r.op)) and r.group_name == group_name),
+        (
+            (int(m[1]), float(m[2]), r)
+            for r in records
+            if (m := _RANGE.search(r.op)) and r.group_name == group_name
+        ),
         key=lambda found: found[0],
     )
     if not own:
@@ -198,14 +232,23 @@ def ladder_of(records: Sequence[Any], group_name: str, device: torch.device) -> 
     mine = [[getattr(r, field) for field in _SECONDS] for _, _, r in own]
     # Every rank has the same ranges in this order: one MAX all-reduce for all seconds.
     *slowest, total, waited = group_max(
-        [*(s for per_range in mine for s in per_range), sum(map(sum, mine)), max(r.waited_s for _, _, r in own)],
+        [
+            *(s for per_range in mine for s in per_range),
+            sum(map(sum, mine)),
+            max(r.waited_s for _, _, r in own),
+        ],
         device,
     )
     ranges = [
         LadderRange(
-            start, end, r.winner, r.source,
+            start,
+            end,
+            r.winner,
+            r.source,
             measured_us={t.name: finite(t.max_us) for t in r.timings},
-            seconds=dict(zip(_SECONDS, slowest[i * len(_SECONDS):(i + 1) * len(_SECONDS)])),
+            seconds=dict(
+                zip(_SECONDS, slowest[i * len(_SECONDS) : (i + 1) * len(_SECONDS)])
+            ),
         )
         for i, (start, end, r) in enumerate(own)
     ]
@@ -213,8 +256,14 @@ def ladder_of(records: Sequence[Any], group_name: str, device: torch.device) -> 
 
 
 def size_row(
-    bench: Bench, mode: str, tokens: int, block: Any, compiled: Any, ladder: Sequence[LadderRange],
-    truth: dict[str, float], device: torch.device,
+    bench: Bench,
+    mode: str,
+    tokens: int,
+    block: Any,
+    compiled: Any,
+    ladder: Sequence[LadderRange],
+    truth: dict[str, float],
+    device: torch.device,
 ) -> dict[str, Any]:
     x = block_input(bench, tokens, device)
     out, observed = observed_call(compiled, x)
@@ -246,8 +295,12 @@ def warm_compile(bench: Bench, device: torch.device) -> None:
 
 
 def run_mode(
-    bench: Bench, mode: str, groups: dict[str, dist.ProcessGroup],
-    truths: dict[int, dict[str, float]], device: torch.device, rank0: bool,
+    bench: Bench,
+    mode: str,
+    groups: dict[str, dist.ProcessGroup],
+    truths: dict[int, dict[str, float]],
+    device: torch.device,
+    rank0: bool,
 ) -> dict[str, Any]:
     """Untuned and tuned compiles of the block in ``mode``, then the tuned one at every size."""
     x = block_input(bench, COMPILE_TOKENS, device)
@@ -261,24 +314,42 @@ def run_mode(
     tuned_s = first_call_s(compiled, x)
     ladder = ladder_of(collective_autotune_records()[first_record:], group_name, device)
     if rank0:
-        print(f"[{mode}] compiled in {tuned_s:.2f} s (untuned {untuned_s:.2f} s); ladder: "
-              f"{_describe_ladder(ladder.ranges)}", flush=True)
+        print(
+            f"[{mode}] compiled in {tuned_s:.2f} s (untuned {untuned_s:.2f} s); ladder: "
+            f"{_describe_ladder(ladder.ranges)}",
+            flush=True,
+        )
     rows = []
     for tokens in bench.tokens:
-        rows.append(size_row(bench, mode, tokens, block, compiled, ladder.ranges, truths[tokens], device))
+        rows.append(
+            size_row(
+                bench,
+                mode,
+                tokens,
+                block,
+                compiled,
+                ladder.ranges,
+                truths[tokens],
+                device,
+            )
+        )
         if rank0:
             print(f"[{mode}] {json.dumps(rounded(rows[-1]))}", flush=True)
-    return rounded({
-        "rows": rows,
-        "ladder": [dataclasses.asdict(r) | {"end": _end(r.end)} for r in ladder.ranges],
-        "tuner_modes": ladder.modes,
-        "compiles": backend.compiles,
-        "recompiles": backend.compiles - 1,
-        "compile_s": {"tuned": tuned_s, "untuned": untuned_s},
-        "extra_compile_s": tuned_s - untuned_s,
-        "ladder_s": ladder.seconds,
-        "ladder_waited_s": ladder.waited_s,
-    })
+    return rounded(
+        {
+            "rows": rows,
+            "ladder": [
+                dataclasses.asdict(r) | {"end": _end(r.end)} for r in ladder.ranges
+            ],
+            "tuner_modes": ladder.modes,
+            "compiles": backend.compiles,
+            "recompiles": backend.compiles - 1,
+            "compile_s": {"tuned": tuned_s, "untuned": untuned_s},
+            "extra_compile_s": tuned_s - untuned_s,
+            "ladder_s": ladder.seconds,
+            "ladder_waited_s": ladder.waited_s,
+        }
+    )
 
 
 def _end(end: float) -> Any:
@@ -286,13 +357,17 @@ def _end(end: float) -> Any:
 
 
 def _describe_ladder(ladder: Sequence[LadderRange]) -> str:
-    return ", ".join(f"{r.start}..{_end(r.end)} {r.winner} ({r.source})" for r in ladder)
+    return ", ".join(
+        f"{r.start}..{_end(r.end)} {r.winner} ({r.source})" for r in ladder
+    )
 
 
 # -- the run -----------------------------------------------------------------------------
 
 
-def measure_truths(bench: Bench, setup: sweep.Setup, rank0: bool) -> dict[str, dict[int, dict[str, float]]]:
+def measure_truths(
+    bench: Bench, setup: sweep.Setup, rank0: bool
+) -> dict[str, dict[int, dict[str, float]]]:
     """Per mode and size, every implementation's slowest-rank µs per call, compiled alone."""
     truths: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in bench.modes}
     for tokens in bench.tokens:
@@ -302,8 +377,11 @@ def measure_truths(bench: Bench, setup: sweep.Setup, rank0: bool) -> dict[str, d
             if mode in truths:
                 truths[mode][tokens] = truth
         if rank0:
-            print(f"truth {tokens} tokens ({size_label(x.numel() * x.element_size())}): "
-                  f"graph {rounded(graph)}, eager {rounded(eager)}", flush=True)
+            print(
+                f"truth {tokens} tokens ({size_label(x.numel() * x.element_size())}): "
+                f"graph {rounded(graph)}, eager {rounded(eager)}",
+                flush=True,
+            )
     return truths
 
 
@@ -318,15 +396,22 @@ def run(args: argparse.Namespace) -> None:
     world = dist.get_world_size()
     # Fresh groups per mode and variant: their decisions are theirs alone.
     groups = {
-        mode: {variant: dist.new_group(list(range(world))) for variant in ("untuned", "tuned")}
+        mode: {
+            variant: dist.new_group(list(range(world)))
+            for variant in ("untuned", "tuned")
+        }
         for mode in bench.modes
     }
     setup = sweep.Setup(
         device=device,
         dtype=bench.dtype,
-        implementations={name: name for name in bench.implementations},  # keys as the records name them
+        implementations={
+            name: name for name in bench.implementations
+        },  # keys as the records name them
         world_name=dist.group.WORLD.group_name,
-        tuning_groups=tuple(g.group_name for by_variant in groups.values() for g in by_variant.values()),
+        tuning_groups=tuple(
+            g.group_name for by_variant in groups.values() for g in by_variant.values()
+        ),
     )
     # Communicators set up before any compile is timed: a job sets up its group once,
     # whether it tunes or not.
@@ -342,7 +427,10 @@ def run(args: argparse.Namespace) -> None:
         "compile_tokens": COMPILE_TOKENS,
         "collective_autotune_dynamic_max": bench.dynamic_max,
         "dynamic": "maybe_mark_dynamic(x, 0); torch.fx.experimental._config.backed_size_oblivious=True",
-        "modes": {mode: run_mode(bench, mode, groups[mode], truths[mode], device, rank0) for mode in bench.modes},
+        "modes": {
+            mode: run_mode(bench, mode, groups[mode], truths[mode], device, rank0)
+            for mode in bench.modes
+        },
     }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     if rank0:
@@ -363,15 +451,25 @@ def summary(result: dict[str, Any]) -> str:
     ]
     for mode, m in result["modes"].items():
         truth_key = "truth_us" if mode == "graph" else "truth_eager_us"
-        lines.append(f"[{mode}] ladder (range in tokens, winner, source, slowest rank's seconds):")
+        lines.append(
+            f"[{mode}] ladder (range in tokens, winner, source, slowest rank's seconds):"
+        )
         for entry in m["ladder"]:
             r = _ladder_range(entry)
-            seconds = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in r.seconds.items())
-            lines.append(f"  {r.start:>6}..{_end(r.end):<6} {r.winner:<18} {r.source:<9} {seconds}")
+            seconds = ", ".join(
+                f"{k.removesuffix('_s')} {v:.2f}" for k, v in r.seconds.items()
+            )
+            lines.append(
+                f"  {r.start:>6}..{_end(r.end):<6} {r.winner:<18} {r.source:<9} {seconds}"
+            )
         for row in m["rows"]:
             truth = row[truth_key]
             times = ", ".join(f"{k} {v:.1f}" for k, v in truth.items())
-            mismatch = "" if row["observed"] == [row["ran"]] else f" (profiler saw {row['observed'] or 'none'})"
+            mismatch = (
+                ""
+                if row["observed"] == [row["ran"]]
+                else f" (profiler saw {row['observed'] or 'none'})"
+            )
             lines.append(
                 f"  {row['tokens']:>6} tokens {size_label(row['bytes']):>8}: ran {row['ran']}"
                 f"{mismatch}, best {row['best']}, loss {row['loss_pct']:+.1f}%  "
@@ -380,7 +478,9 @@ def summary(result: dict[str, Any]) -> str:
         worst = max(m["rows"], key=lambda r: r["loss_pct"])
         goal = LOSS_GOAL_PCT[mode]
         unexpected = [
-            f"{r['tokens']} ({len(r['observed'])} launched)" for r in m["rows"] if r["observed"] != [r["ran"]]
+            f"{r['tokens']} ({len(r['observed'])} launched)"
+            for r in m["rows"]
+            if r["observed"] != [r["ran"]]
         ]
         lines += [
             f"  loss vs best (goal <= {goal:g}%): worst {worst['loss_pct']:.1f}% at {worst['tokens']} tokens "
@@ -405,8 +505,12 @@ def _ladder_range(entry: dict[str, Any]) -> LadderRange:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="the results JSON (rank 0 writes it)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", required=True, help="the results JSON (rank 0 writes it)"
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     run(parser.parse_args())
 

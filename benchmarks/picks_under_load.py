@@ -29,7 +29,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "test" / "inductor"), str(REPO)]
 
-from test_collective_op_tuning_confidence import busy_host, one_job  # noqa: E402
+from test_collective_op_tuning_confidence import busy_host, one_job
 
 
 def _job(root: pathlib.Path) -> dict:
@@ -40,22 +40,39 @@ def _job(root: pathlib.Path) -> dict:
         "source": str(record.source.value),
         "provisional": record.provisional,
         "reason": record.reason,
-        "confidence": dataclasses.asdict(record.confidence) if record.confidence else None,
-        "timings_us": {t.name: [t.low_us, t.max_us, t.high_us, t.min_us] for t in record.timings},
+        "confidence": dataclasses.asdict(record.confidence)
+        if record.confidence
+        else None,
+        "timings_us": {
+            t.name: [t.low_us, t.max_us, t.high_us, t.min_us] for t in record.timings
+        },
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/picks_under_load_gloo2.json"))
+    parser.add_argument(
+        "--out", default=str(REPO / "benchmarks/results/picks_under_load_gloo2.json")
+    )
     args = parser.parse_args()
     commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO
+        ["git", "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     ).stdout.strip()
-    results: dict = {"commit": commit, "cpus": os.cpu_count(), "quiet": [], "loaded": [], "after": []}
+    results: dict = {
+        "commit": commit,
+        "cpus": os.cpu_count(),
+        "quiet": [],
+        "loaded": [],
+        "after": [],
+    }
     for i in range(args.runs):
-        results["quiet"].append(_job(pathlib.Path(tempfile.mkdtemp(prefix="picks_quiet_"))))
+        results["quiet"].append(
+            _job(pathlib.Path(tempfile.mkdtemp(prefix="picks_quiet_")))
+        )
         root = pathlib.Path(tempfile.mkdtemp(prefix="picks_loaded_"))
         with busy_host():
             results["loaded"].append(_job(root))
@@ -69,7 +86,9 @@ def main() -> None:
             f"{'provisional' if results['after'][-1]['provisional'] else 'settled'})",
             flush=True,
         )
-        _write(args.out, results)  # after every run: a run cut short keeps what it measured
+        _write(
+            args.out, results
+        )  # after every run: a run cut short keeps what it measured
 
 
 def _write(path: str, results: dict) -> None:
@@ -77,7 +96,9 @@ def _write(path: str, results: dict) -> None:
         series: {
             "balanced": sum(j["winner"] == "balanced" for j in jobs),
             "provisional": sum(j["provisional"] for j in jobs),
-            "wrong_and_settled": sum(j["winner"] != "balanced" and not j["provisional"] for j in jobs),
+            "wrong_and_settled": sum(
+                j["winner"] != "balanced" and not j["provisional"] for j in jobs
+            ),
             "runs": len(jobs),
         }
         for series, jobs in results.items()

@@ -51,7 +51,10 @@ def job(args: argparse.Namespace) -> None:
         model = TPBlock(args.hidden, 4 * args.hidden, dist.group.WORLD, device)
         model = model.to(torch.bfloat16).requires_grad_(False)
         compiled = torch.compile(
-            model, fullgraph=True, dynamic=False, mode="reduce-overhead" if args.mode == "graph" else None
+            model,
+            fullgraph=True,
+            dynamic=False,
+            mode="reduce-overhead" if args.mode == "graph" else None,
         )
         x = torch.randn(tokens, args.hidden, device=device, dtype=torch.bfloat16)
         for _ in range(3):
@@ -65,9 +68,13 @@ def job(args: argparse.Namespace) -> None:
                 "winner": record.winner,
                 "mode": record.mode,
                 "provisional": record.provisional,
-                "confidence": dataclasses.asdict(record.confidence) if record.confidence else None,
+                "confidence": dataclasses.asdict(record.confidence)
+                if record.confidence
+                else None,
                 "timings_us": {
-                    t.name: [t.low_us, t.max_us, t.high_us] for t in record.timings if t.status == "ok"
+                    t.name: [t.low_us, t.max_us, t.high_us]
+                    for t in record.timings
+                    if t.status == "ok"
                 },
             }
         )
@@ -96,19 +103,43 @@ def main() -> None:
         job(args)
         return
     commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO
+        ["git", "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     ).stdout.strip()
-    results: dict = {"commit": commit, "nproc": args.nproc, "cpus": os.cpu_count(), "runs": []}
+    results: dict = {
+        "commit": commit,
+        "nproc": args.nproc,
+        "cpus": os.cpu_count(),
+        "runs": [],
+    }
     for hogs in (int(h) for h in args.hogs.split(",")):
         for mode in args.modes.split(","):
             part = tempfile.mktemp(suffix=".json")
-            procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+            procs = [
+                subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(hogs)
+            ]
             try:
                 subprocess.run(
                     [
-                        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.nproc}",
-                        __file__, "--job", "--mode", mode, "--part", part, "--tokens", args.tokens,
-                        "--hidden", str(args.hidden), "--out", args.out,
+                        sys.executable,
+                        "-m",
+                        "torch.distributed.run",
+                        f"--nproc_per_node={args.nproc}",
+                        __file__,
+                        "--job",
+                        "--mode",
+                        mode,
+                        "--part",
+                        part,
+                        "--tokens",
+                        args.tokens,
+                        "--hidden",
+                        str(args.hidden),
+                        "--out",
+                        args.out,
                     ],
                     check=True,
                     env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp()},

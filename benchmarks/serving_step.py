@@ -61,7 +61,8 @@ import faulthandler
 import math
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import common  # benchmarks/, the script's own directory
 
@@ -69,17 +70,28 @@ import common  # benchmarks/, the script's own directory
 # Every tuning starts from fresh state; compile times are those of a cold compile.
 common.fresh_state()
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch._dynamo.utils import counters  # noqa: E402
-from torch._inductor import config as inductor_config  # noqa: E402
-from torch._inductor.kernel.collective.hooks import collective_autotune_records  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
-from common import (  # noqa: E402
-    assert_close_sum, barrier, CountedInductor, first_call_s, group_max, header,
-    init_process_group, pct, rounded, size_label, token_input, verdict, write_json,
+from common import (
+    assert_close_sum,
+    barrier,
+    CountedInductor,
+    first_call_s,
+    group_max,
+    header,
+    init_process_group,
+    pct,
+    rounded,
+    size_label,
+    token_input,
+    verdict,
+    write_json,
 )
-from examples.tp_allreduce import ops  # noqa: E402
+from examples.tp_allreduce import ops
 
 
 # Goals (issue 40), in both modes: the dynamic model's step within LOSS_GOAL_PCT of the
@@ -114,12 +126,21 @@ class Bench:
 BENCHES = {
     "cuda": Bench(
         implementations=("one_all_reduce", "symm_mem_one_shot", "symm_mem_two_shot"),
-        dtype=torch.bfloat16, hidden=4096, tokens=(1, 8, 64, 512, 4096, 16384),
-        dynamic_max=16384, modes=("graph", "eager"), calls=20,
+        dtype=torch.bfloat16,
+        hidden=4096,
+        tokens=(1, 8, 64, 512, 4096, 16384),
+        dynamic_max=16384,
+        modes=("graph", "eager"),
+        calls=20,
     ),
     "cpu": Bench(
-        implementations=("one_all_reduce",), dtype=torch.float32, hidden=256,
-        tokens=(1, 8, 64, 512), dynamic_max=512, modes=("eager",), calls=3,
+        implementations=("one_all_reduce",),
+        dtype=torch.float32,
+        hidden=256,
+        tokens=(1, 8, 64, 512),
+        dynamic_max=512,
+        modes=("eager",),
+        calls=3,
     ),
 }
 # The implementations as functions of (x, group_name), to write into a model alone.
@@ -134,13 +155,22 @@ WRITTEN_IN: dict[str, Callable[[torch.Tensor, str], torch.Tensor]] = {
 class Stack(torch.nn.Module):
     """``layers`` tensor-parallel layers ``x = x + all_reduce(relu(x @ w))``."""
 
-    def __init__(self, bench: Bench, layers: int, all_reduce: Callable, group_name: str, device: torch.device):
+    def __init__(
+        self,
+        bench: Bench,
+        layers: int,
+        all_reduce: Callable,
+        group_name: str,
+        device: torch.device,
+    ):
         super().__init__()
         gen = torch.Generator().manual_seed(0)
         # Scaled so that the residual stream stays of order one over the layers.
         scale = bench.hidden**0.5 * dist.get_world_size()
         self.weights = [
-            (torch.randn(bench.hidden, bench.hidden, generator=gen) / scale).to(device, bench.dtype)
+            (torch.randn(bench.hidden, bench.hidden, generator=gen) / scale).to(
+                device, bench.dtype
+            )
             for _ in range(layers)
         ]
         self.all_reduce, self.group_name = all_reduce, group_name
@@ -151,7 +181,9 @@ class Stack(torch.nn.Module):
         return x
 
 
-def model_input(bench: Bench, tokens: int, device: torch.device, dynamic: bool) -> torch.Tensor:
+def model_input(
+    bench: Bench, tokens: int, device: torch.device, dynamic: bool
+) -> torch.Tensor:
     return token_input(tokens, bench.hidden, bench.dtype, device, dynamic)
 
 
@@ -183,11 +215,22 @@ class Variant:
     host_us: dict[int, float] = dataclasses.field(default_factory=dict)
     # Compiles while the steps were measured, after the warm-up (0 when every range was warm).
     compiles_after_warm_up: int = 0
-    backends: list[CountedInductor] = dataclasses.field(default_factory=list, repr=False)
+    backends: list[CountedInductor] = dataclasses.field(
+        default_factory=list, repr=False
+    )
 
 
-def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, group: dist.ProcessGroup,
-                    device: torch.device, sizes: Sequence[int], dynamic: bool, check: bool) -> Variant:
+def compile_variant(
+    bench: Bench,
+    mode: str,
+    layers: int,
+    all_reduce: Callable,
+    group: dist.ProcessGroup,
+    device: torch.device,
+    sizes: Sequence[int],
+    dynamic: bool,
+    check: bool,
+) -> Variant:
     """A fresh compile of the model (one per size unless ``dynamic``), warmed up at ``sizes``."""
     variant = Variant()
     skips = counters["inductor"]["cudagraph_skips"]
@@ -198,8 +241,15 @@ def compile_variant(bench: Bench, mode: str, layers: int, all_reduce: Callable, 
             # would drop the variants compiled before it).
             eager = Stack(bench, layers, all_reduce, group.group_name, device)
             backends.append(CountedInductor(mode))
-            model = torch.compile(eager, backend=backends[-1], fullgraph=True, dynamic=None if dynamic else False)
-            first = model_input(bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic)
+            model = torch.compile(
+                eager,
+                backend=backends[-1],
+                fullgraph=True,
+                dynamic=None if dynamic else False,
+            )
+            first = model_input(
+                bench, COMPILE_TOKENS if dynamic else tokens, device, dynamic
+            )
             variant.compile_s += first_call_s(model, first)
         x = model_input(bench, tokens, device, dynamic)
         if dynamic:
@@ -235,7 +285,9 @@ def host_us(fn: Callable, x: torch.Tensor) -> float:
     return statistics.median(samples)
 
 
-def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.device) -> None:
+def measure_steps(
+    bench: Bench, variants: dict[str, Variant], device: torch.device
+) -> None:
     """Each variant's step at each size: the median of ``ROUNDS`` samples taken
     round-robin over the variants, slowest rank."""
     for tokens in bench.tokens:
@@ -244,15 +296,21 @@ def measure_steps(bench: Bench, variants: dict[str, Variant], device: torch.devi
         for _ in range(ROUNDS):
             for name, v in variants.items():
                 samples[name].append(sample_us(v.models[tokens], x, bench.calls))
-        medians = group_max([statistics.median(samples[name]) for name in variants], device)
+        medians = group_max(
+            [statistics.median(samples[name]) for name in variants], device
+        )
         for name, us in zip(variants, medians):
             variants[name].step_us[tokens] = us
-        hosts = group_max([host_us(v.models[tokens], x) for v in variants.values()], device)
+        hosts = group_max(
+            [host_us(v.models[tokens], x) for v in variants.values()], device
+        )
         for name, us in zip(variants, hosts):
             variants[name].host_us[tokens] = us
 
 
-def kernel_breakdown(bench: Bench, variants: dict[str, Variant], device: torch.device) -> dict[str, Any]:
+def kernel_breakdown(
+    bench: Bench, variants: dict[str, Variant], device: torch.device
+) -> dict[str, Any]:
     """Each variant's device µs per step at each size, by kernel (this rank's;
     torch.profiler; every rank runs it, the steps being collective): where a step's
     time goes, to tell the collective's share from the rest of the model's."""
@@ -263,26 +321,40 @@ def kernel_breakdown(bench: Bench, variants: dict[str, Variant], device: torch.d
         x = model_input(bench, t, device, dynamic=False)
         for name, v in variants.items():
             kernels = kernel_us(v.models[t], x)
-            breakdown.setdefault(name, {})[t] = {"device_us": round(sum(kernels.values()), 1), "kernels_us": kernels}
+            breakdown.setdefault(name, {})[t] = {
+                "device_us": round(sum(kernels.values()), 1),
+                "kernels_us": kernels,
+            }
     return breakdown
 
 
-def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: bool,
-             kernels: bool) -> dict[str, Any]:
+def run_mode(
+    bench: Bench,
+    mode: str,
+    layers: int,
+    device: torch.device,
+    rank0: bool,
+    kernels: bool,
+) -> dict[str, Any]:
     world = list(range(dist.get_world_size()))
 
     def log(what: str, v: Variant) -> None:
         if rank0:
             steps = ", ".join(f"{t}: {us:.1f}" for t, us in v.step_us.items())
-            print(f"[{mode}] {what}: compile {v.compile_s:.2f} s, {v.compiles} compiles, "
-                  f"{v.cudagraph_skips} cudagraph skips; step us {steps}", flush=True)
+            print(
+                f"[{mode}] {what}: compile {v.compile_s:.2f} s, {v.compiles} compiles, "
+                f"{v.cudagraph_skips} cudagraph skips; step us {steps}",
+                flush=True,
+            )
 
     def fresh_group() -> dist.ProcessGroup:  # its decisions are its own
         group = dist.new_group(world)
         # The example's symmetric-memory ops allocate their group's buffer at first use:
         # at the largest size, outside any CUDA graph (a rendezvous is collective, and
         # CUDA-graph trees refuse allocations that outlive a call).
-        largest = torch.zeros(max(bench.tokens), bench.hidden, dtype=bench.dtype, device=device)
+        largest = torch.zeros(
+            max(bench.tokens), bench.hidden, dtype=bench.dtype, device=device
+        )
         for name in bench.implementations:
             WRITTEN_IN[name](largest, group.group_name)
         return group
@@ -292,30 +364,85 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         # The first compile also builds the model's own kernels (relu, add), which every
         # later compile loads: it is a warm-up, and the untuned seconds are the second's.
         for _ in range(2):
-            untuned = compile_variant(bench, mode, layers, ops.all_reduce, fresh_group(), device,
-                                      bench.tokens[:1], True, False)
+            untuned = compile_variant(
+                bench,
+                mode,
+                layers,
+                ops.all_reduce,
+                fresh_group(),
+                device,
+                bench.tokens[:1],
+                True,
+                False,
+            )
     group = fresh_group()
     first_record = len(collective_autotune_records())
-    variants["dynamic"] = compile_variant(bench, mode, layers, ops.all_reduce, group, device, bench.tokens, True, True)
+    variants["dynamic"] = compile_variant(
+        bench, mode, layers, ops.all_reduce, group, device, bench.tokens, True, True
+    )
     # Each range's decision where it was made (later layers reuse it).
-    ladder = list({
-        r.op.rsplit("_range_", 1)[1]: (r.op.rsplit("_range_", 1)[1], r.winner, r.source)
-        for r in reversed(collective_autotune_records()[first_record:]) if r.group_name == group.group_name
-    }.values())
+    ladder = list(
+        {
+            r.op.rsplit("_range_", 1)[1]: (
+                r.op.rsplit("_range_", 1)[1],
+                r.winner,
+                r.source,
+            )
+            for r in reversed(collective_autotune_records()[first_record:])
+            if r.group_name == group.group_name
+        }.values()
+    )
     if rank0:
         print(f"[{mode}] ladder: {ladder}", flush=True)
     # The same compile again, with a group of its own (its decisions made afresh): what
     # a tuned compile costs once the machine's kernel cache holds the benchmark's kernels.
-    again = compile_variant(bench, mode, layers, ops.all_reduce, fresh_group(), device, bench.tokens[:1], True, False)
-    variants["static"] = compile_variant(bench, mode, layers, ops.all_reduce, fresh_group(), device, bench.tokens,
-                                         False, False)
+    again = compile_variant(
+        bench,
+        mode,
+        layers,
+        ops.all_reduce,
+        fresh_group(),
+        device,
+        bench.tokens[:1],
+        True,
+        False,
+    )
+    variants["static"] = compile_variant(
+        bench,
+        mode,
+        layers,
+        ops.all_reduce,
+        fresh_group(),
+        device,
+        bench.tokens,
+        False,
+        False,
+    )
     for name in (*bench.implementations, "default"):
         with inductor_config.patch(collective_autotune=name != "default"):
-            variants[name] = compile_variant(bench, mode, layers, WRITTEN_IN[name], fresh_group(), device,
-                                             bench.tokens, True, False)
+            variants[name] = compile_variant(
+                bench,
+                mode,
+                layers,
+                WRITTEN_IN[name],
+                fresh_group(),
+                device,
+                bench.tokens,
+                True,
+                False,
+            )
     table_group = fresh_group()
-    variants["table"] = compile_variant(bench, mode, layers, ops.table_all_reduce, table_group,
-                                        device, bench.tokens, True, False)
+    variants["table"] = compile_variant(
+        bench,
+        mode,
+        layers,
+        ops.table_all_reduce,
+        table_group,
+        device,
+        bench.tokens,
+        True,
+        False,
+    )
     table = ops.table_limits(table_group.size(), ops.device_capability(device))
     warm = {name: sum(b.compiles for b in v.backends) for name, v in variants.items()}
     measure_steps(bench, variants, device)
@@ -329,8 +456,11 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
     singles = (*bench.implementations, "default")
     for tokens in bench.tokens:
         # The table is no single-implementation compile: it is compared on its own below.
-        others = {k: v.step_us[tokens] for k, v in variants.items()
-                  if k not in ("dynamic", "table")}
+        others = {
+            k: v.step_us[tokens]
+            for k, v in variants.items()
+            if k not in ("dynamic", "table")
+        }
         best = min(others, key=others.get)
         fastest = min(others.values())
         nccl = variants["one_all_reduce"].step_us[tokens]
@@ -340,57 +470,73 @@ def run_mode(bench: Bench, mode: str, layers: int, device: torch.device, rank0: 
         single_us = {k: variants[k].step_us[tokens] for k in singles}
         best_single = min(single_us, key=single_us.get)
         table_pick_loss = pct(single_us[table_pick], single_us[best_single])
-        rows.append({
-            "tokens": tokens,
-            "bytes": nbytes,
-            # The range graph of the dynamic model that runs this size (its ladder's merged
-            # range holding it), what compiled at its first call, and its seconds.
-            "range": range_of(ladder, tokens),
-            "compiles_at_first_call": variants["dynamic"].compiles_at[tokens],
-            "first_call_s": variants["dynamic"].first_call_s_at[tokens],
-            "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
-            "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
-            "best": best,
-            "loss_pct": pct(dynamic, fastest),
-            # The issue's yardstick: the best model compiled once, dynamically, with one
-            # implementation written in.
-            "vs_best_single_pct": pct(dynamic, single_us[best_single]),
-            "vs_nccl_pct": pct(dynamic, nccl),
-            # Where another implementation beats plain NCCL by more than the noise of a step.
-            "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT / 100),
-            "table_pick": table_pick,
-            "best_single": best_single,
-            # The pick's model against the best single-implementation model at this size.
-            "table_pick_loss_pct": table_pick_loss,
-            # Where the table's pick loses to another implementation by more than the goal.
-            "table_beaten": table_pick_loss > TABLE_BEAT_PCT,
-            "vs_table_pct": pct(dynamic, variants["table"].step_us[tokens]),
-        })
-    return rounded({
-        "rows": rows,
-        "ladder": ladder,
-        "table": {"world_size": table_group.size(), "capability": ops.device_capability(device),
-                  **dataclasses.asdict(table)},
-        "compiles": {k: v.compiles for k, v in variants.items()},
-        "cudagraph_skips": {k: v.cudagraph_skips for k, v in variants.items()},
-        "recompiles": variants["dynamic"].compiles - 1,
-        # Range graphs compile one graph per merged range of the ladder: recompiles by
-        # design, all during the warm-up; none may happen while the steps are measured.
-        "ranges": len({row["range"] for row in rows}),
-        "compiles_after_warm_up": {k: v.compiles_after_warm_up for k, v in variants.items()},
-        "compile_s": {"dynamic_tuned": variants["dynamic"].compile_s, "dynamic_tuned_again": again.compile_s,
-                      "dynamic_untuned": untuned.compile_s},
-        "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
-        "extra_compile_again_s": again.compile_s - untuned.compile_s,
-        **({"kernels": breakdown} if breakdown else {}),
-    })
+        rows.append(
+            {
+                "tokens": tokens,
+                "bytes": nbytes,
+                # The range graph of the dynamic model that runs this size (its ladder's merged
+                # range holding it), what compiled at its first call, and its seconds.
+                "range": range_of(ladder, tokens),
+                "compiles_at_first_call": variants["dynamic"].compiles_at[tokens],
+                "first_call_s": variants["dynamic"].first_call_s_at[tokens],
+                "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
+                "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
+                "best": best,
+                "loss_pct": pct(dynamic, fastest),
+                # The issue's yardstick: the best model compiled once, dynamically, with one
+                # implementation written in.
+                "vs_best_single_pct": pct(dynamic, single_us[best_single]),
+                "vs_nccl_pct": pct(dynamic, nccl),
+                # Where another implementation beats plain NCCL by more than the noise of a step.
+                "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT / 100),
+                "table_pick": table_pick,
+                "best_single": best_single,
+                # The pick's model against the best single-implementation model at this size.
+                "table_pick_loss_pct": table_pick_loss,
+                # Where the table's pick loses to another implementation by more than the goal.
+                "table_beaten": table_pick_loss > TABLE_BEAT_PCT,
+                "vs_table_pct": pct(dynamic, variants["table"].step_us[tokens]),
+            }
+        )
+    return rounded(
+        {
+            "rows": rows,
+            "ladder": ladder,
+            "table": {
+                "world_size": table_group.size(),
+                "capability": ops.device_capability(device),
+                **dataclasses.asdict(table),
+            },
+            "compiles": {k: v.compiles for k, v in variants.items()},
+            "cudagraph_skips": {k: v.cudagraph_skips for k, v in variants.items()},
+            "recompiles": variants["dynamic"].compiles - 1,
+            # Range graphs compile one graph per merged range of the ladder: recompiles by
+            # design, all during the warm-up; none may happen while the steps are measured.
+            "ranges": len({row["range"] for row in rows}),
+            "compiles_after_warm_up": {
+                k: v.compiles_after_warm_up for k, v in variants.items()
+            },
+            "compile_s": {
+                "dynamic_tuned": variants["dynamic"].compile_s,
+                "dynamic_tuned_again": again.compile_s,
+                "dynamic_untuned": untuned.compile_s,
+            },
+            "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
+            "extra_compile_again_s": again.compile_s - untuned.compile_s,
+            **({"kernels": breakdown} if breakdown else {}),
+        }
+    )
 
 
 def range_of(ladder: list[tuple[str, str, str]], tokens: int) -> str:
     """The merged range of the ladder (range label, winner, source) holding ``tokens``:
     neighbouring ranges of one winner are one range graph."""
     ranges = sorted(
-        (int(label.split("_")[0]), math.inf if label.endswith("inf") else int(label.split("_")[1]), winner)
+        (
+            int(label.split("_")[0]),
+            math.inf if label.endswith("inf") else int(label.split("_")[1]),
+            winner,
+        )
         for label, winner, _ in ladder
     )
     merged: list[list[Any]] = []
@@ -410,13 +556,17 @@ def run(args: argparse.Namespace) -> None:
     device = init_process_group(args.device)
     bench = BENCHES[args.device]
     if args.tokens:
-        bench = dataclasses.replace(bench, tokens=tuple(int(t) for t in args.tokens.split(",")))
+        bench = dataclasses.replace(
+            bench, tokens=tuple(int(t) for t in args.tokens.split(","))
+        )
     if args.modes:
         bench = dataclasses.replace(bench, modes=tuple(args.modes.split(",")))
     ops.register(bench.implementations)
     torch.fx.experimental._config.backed_size_oblivious = True  # one graph for 1 .. max
     # Every variant's compiles stay in Dynamo's cache until they are measured.
-    torch._dynamo.config.recompile_limit = torch._dynamo.config.accumulated_recompile_limit = 1024
+    torch._dynamo.config.recompile_limit = (
+        torch._dynamo.config.accumulated_recompile_limit
+    ) = 1024
     inductor_config.collective_autotune_dynamic_max = bench.dynamic_max
     rank0 = dist.get_rank() == 0
     result = {
@@ -427,7 +577,10 @@ def run(args: argparse.Namespace) -> None:
         "implementations": [*bench.implementations, "default"],
         "compile_tokens": COMPILE_TOKENS,
         "collective_autotune_dynamic_max": bench.dynamic_max,
-        "modes": {mode: run_mode(bench, mode, args.layers, device, rank0, args.kernels) for mode in bench.modes},
+        "modes": {
+            mode: run_mode(bench, mode, args.layers, device, rank0, args.kernels)
+            for mode in bench.modes
+        },
     }
     result["wall_s"] = round(time.perf_counter() - started, 1)
     if rank0:
@@ -446,16 +599,22 @@ def summary(result: dict[str, Any]) -> str:
         f"layers x + all_reduce(relu(x @ w)), hidden {result['hidden']}, {result['dtype']}",
     ]
     for mode, m in result["modes"].items():
-        lines.append(f"[{mode}] ladder: {', '.join(f'{r} {w} ({s})' for r, w, s in m['ladder'])}")
+        lines.append(
+            f"[{mode}] ladder: {', '.join(f'{r} {w} ({s})' for r, w, s in m['ladder'])}"
+        )
         t = m["table"]
         if t["two_shot_below"] or t["symm_mem_up_to"]:
-            picks = (f"one-shot below {size_label(t['one_shot_below'])}, two-shot below "
-                     f"{size_label(t['two_shot_below'])} and up to "
-                     f"{size_label(t['symm_mem_up_to'])}, NCCL (the op's own) above")
+            picks = (
+                f"one-shot below {size_label(t['one_shot_below'])}, two-shot below "
+                f"{size_label(t['two_shot_below'])} and up to "
+                f"{size_label(t['symm_mem_up_to'])}, NCCL (the op's own) above"
+            )
         else:
             picks = "not listed, NCCL (the op's own) at every size"
-        lines.append(f"[{mode}] table (vLLM's) on {t['world_size']} ranks of capability "
-                     f"{t['capability'] or 'none (CPU)'}: {picks}")
+        lines.append(
+            f"[{mode}] table (vLLM's) on {t['world_size']} ranks of capability "
+            f"{t['capability'] or 'none (CPU)'}: {picks}"
+        )
         for row in m["rows"]:
             steps = ", ".join(f"{k} {v:.1f}" for k, v in row["step_us"].items())
             lines.append(
@@ -466,11 +625,16 @@ def summary(result: dict[str, Any]) -> str:
             )
         worst = max(m["rows"], key=lambda r: r["vs_best_single_pct"])
         worst_static = max(m["rows"], key=lambda r: r["loss_pct"])
-        slower = [r["tokens"] for r in m["rows"] if r["nccl_beaten"] and r["vs_nccl_pct"] >= 0]
+        slower = [
+            r["tokens"] for r in m["rows"] if r["nccl_beaten"] and r["vs_nccl_pct"] >= 0
+        ]
         worst_table = max(m["rows"], key=lambda r: r["vs_table_pct"])
         beaten = [r["tokens"] for r in m["rows"] if r["table_beaten"]]
-        table_wins = [r["tokens"] for r in m["rows"]
-                      if r["table_beaten"] and r["vs_table_pct"] > -TABLE_BEAT_PCT]
+        table_wins = [
+            r["tokens"]
+            for r in m["rows"]
+            if r["table_beaten"] and r["vs_table_pct"] > -TABLE_BEAT_PCT
+        ]
         skips = sum(m["cudagraph_skips"].values())
         untuned = m["compile_s"]["dynamic_untuned"]
         # A range's first call that compiled its graph, past the first range.
@@ -491,18 +655,23 @@ def summary(result: dict[str, Any]) -> str:
             f"-> {verdict(not table_wins)}",
             f"  each further range's compile within {RANGE_COMPILE_S:g} s of the untuned compile "
             f"({untuned:.2f} s): "
-            + (f"worst {worst_range['first_call_s']:.2f} s at {worst_range['tokens']} tokens -> "
-               f"{verdict(worst_range['first_call_s'] <= untuned + RANGE_COMPILE_S)}"
-               if worst_range else "no further range"),
+            + (
+                f"worst {worst_range['first_call_s']:.2f} s at {worst_range['tokens']} tokens -> "
+                f"{verdict(worst_range['first_call_s'] <= untuned + RANGE_COMPILE_S)}"
+                if worst_range
+                else "no further range"
+            ),
             f"  cudagraph skips {m['cudagraph_skips']} -> {verdict(skips == 0)}; compiles after the "
             f"warm-up {m['compiles_after_warm_up']} -> "
             f"{verdict(not any(m['compiles_after_warm_up'].values()))}; the dynamic model's compiles "
             f"{m['compiles']['dynamic']} for {m['ranges']} ranges -> "
             f"{verdict(m['compiles']['dynamic'] <= m['ranges'])}",
-            "  per size: " + "; ".join(
+            "  per size: "
+            + "; ".join(
                 f"{r['tokens']}: {r['range']}, {r['compiles_at_first_call']} compiles "
                 f"({r['first_call_s']:.2f} s), host {r['host_us']['dynamic']:.0f} us/call"
-                for r in m["rows"]),
+                for r in m["rows"]
+            ),
             f"  extra compile of the ladder (tuned {m['compile_s']['dynamic_tuned']:.2f} s - untuned "
             f"{m['compile_s']['dynamic_untuned']:.2f} s; goal <= {LADDER_GOAL_S:g} s per op): "
             f"{m['extra_compile_s']:.2f} s -> {verdict(m['extra_compile_s'] <= LADDER_GOAL_S)}; "
@@ -514,14 +683,25 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="the results JSON (rank 0 writes it)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", required=True, help="the results JSON (rank 0 writes it)"
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--tokens", default="", help="comma-separated sizes (default: the device's)")
-    parser.add_argument("--modes", default="", help="graph,eager (default: the device's)")
-    parser.add_argument("--kernels", action="store_true",
-                        help="also record each variant's device time per kernel at each size (GPUs)")
+    parser.add_argument(
+        "--tokens", default="", help="comma-separated sizes (default: the device's)"
+    )
+    parser.add_argument(
+        "--modes", default="", help="graph,eager (default: the device's)"
+    )
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also record each variant's device time per kernel at each size (GPUs)",
+    )
     run(parser.parse_args())
 
 

@@ -23,22 +23,29 @@ import tempfile
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "test" / "inductor"), str(REPO)]
 
-import test_collective_op_tuning_store_loss as scenario  # noqa: E402
+import test_collective_op_tuning_store_loss as scenario
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--timeout", type=float, default=30.0)
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/store_loss_gloo2.json"))
+    parser.add_argument(
+        "--out", default=str(REPO / "benchmarks/results/store_loss_gloo2.json")
+    )
     args = parser.parse_args()
     scenario.TIMEOUT_S = args.timeout
     commit = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO
+        ["git", "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     ).stdout.strip()
     results = {"commit": commit, "timeout_s": args.timeout, "runs": []}
     for how in ("killed", "stopped"):
         lost, outcomes = scenario.lose_the_store(
-            "before_the_first_compile", how, pathlib.Path(tempfile.mkdtemp(prefix="store_loss_"))
+            "before_the_first_compile",
+            how,
+            pathlib.Path(tempfile.mkdtemp(prefix="store_loss_")),
         )
         for rank in outcomes:
             compiled, later = rank.report["compile"], rank.report["later"]

@@ -25,8 +25,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from examples.tp_allreduce import ops  # noqa: E402
-from torch._inductor.kernel.collective.hooks import (  # noqa: E402
+from examples.tp_allreduce import ops
+from torch._inductor.kernel.collective.hooks import (
     collective_autotune_records,
     format_record,
 )
@@ -35,7 +35,9 @@ from torch._inductor.kernel.collective.hooks import (  # noqa: E402
 class TPBlock(nn.Module):
     """x + W2 relu(W1 x), with W1 split by columns and W2 by rows over ``group``."""
 
-    def __init__(self, hidden: int, ffn: int, group: dist.ProcessGroup, device: torch.device) -> None:
+    def __init__(
+        self, hidden: int, ffn: int, group: dist.ProcessGroup, device: torch.device
+    ) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(0)  # the same full weights on every rank
         self.full_w1 = torch.randn(hidden, ffn, generator=gen) / hidden**0.5
@@ -54,13 +56,21 @@ class TPBlock(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--tokens", default="16,256", help="comma-separated batch sizes, one compile each")
+    parser.add_argument(
+        "--tokens",
+        default="16,256",
+        help="comma-separated batch sizes, one compile each",
+    )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=1024)
     parser.add_argument(
-        "--tp-size", type=int, default=0,
+        "--tp-size",
+        type=int,
+        default=0,
         help="ranks per tensor-parallel group (default: all); groups tune concurrently",
     )
     args = parser.parse_args()
@@ -81,16 +91,25 @@ def main() -> None:
     if tp == world:
         group = dist.group.WORLD
     else:  # every rank creates every group: new_group is collective over WORLD
-        groups = [dist.new_group(list(range(start, start + tp))) for start in range(0, world, tp)]
+        groups = [
+            dist.new_group(list(range(start, start + tp)))
+            for start in range(0, world, tp)
+        ]
         group = groups[rank // tp]
-    ops.register(tuple(ops.IMPLEMENTATIONS) if args.device == "cuda" else ops.CPU_IMPLEMENTATIONS)
-    model = TPBlock(args.hidden, args.ffn, group, device).to(dtype).requires_grad_(False)
+    ops.register(
+        tuple(ops.IMPLEMENTATIONS) if args.device == "cuda" else ops.CPU_IMPLEMENTATIONS
+    )
+    model = (
+        TPBlock(args.hidden, args.ffn, group, device).to(dtype).requires_grad_(False)
+    )
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
 
     winners = {}
     for tokens in (int(t) for t in args.tokens.split(",")):
-        x = torch.randn(tokens, args.hidden, generator=torch.Generator().manual_seed(tokens)).to(device, dtype)
+        x = torch.randn(
+            tokens, args.hidden, generator=torch.Generator().manual_seed(tokens)
+        ).to(device, dtype)
         start = time.perf_counter()
         out = compiled(x)
         compile_s = time.perf_counter() - start
@@ -99,17 +118,23 @@ def main() -> None:
         record = collective_autotune_records()[-1]
         winners[tokens] = record.winner
         if dist.get_rank(group) == 0:
-            print(f"\n[{tokens} tokens x {args.hidden}, {dtype}] compiled in {compile_s:.1f} s")
+            print(
+                f"\n[{tokens} tokens x {args.hidden}, {dtype}] compiled in {compile_s:.1f} s"
+            )
             print(format_record(record))
 
     # Every rank of a group must have taken the same decisions.
     gathered = [None] * world
     dist.all_gather_object(gathered, winners)
     for start in range(0, world, tp):
-        assert all(g == gathered[start] for g in gathered[start:start + tp]), f"ranks disagree: {gathered}"
+        assert all(g == gathered[start] for g in gathered[start : start + tp]), (
+            f"ranks disagree: {gathered}"
+        )
     if rank == 0:
-        print("\nwinner per shape and group (identical on all ranks of a group; outputs match "
-              "eager and the unsharded block):")
+        print(
+            "\nwinner per shape and group (identical on all ranks of a group; outputs match "
+            "eager and the unsharded block):"
+        )
         for start in range(0, world, tp):
             for tokens, winner in gathered[start].items():
                 print(f"  ranks {start}-{start + tp - 1}, {tokens:>6} tokens: {winner}")

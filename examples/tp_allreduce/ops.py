@@ -13,11 +13,14 @@ pick it: by message size, from thresholds written in by hand (vLLM's, below).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 
 
 fc = torch.ops._c10d_functional
@@ -26,7 +29,9 @@ fc = torch.ops._c10d_functional
 def own_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """The op's own implementation: a copy, summed in place by NCCL (or gloo)."""
     out = x.clone()
-    dist.all_reduce(out, group=torch._C._distributed_c10d._resolve_process_group(group_name))
+    dist.all_reduce(
+        out, group=torch._C._distributed_c10d._resolve_process_group(group_name)
+    )
     return out
 
 
@@ -46,11 +51,15 @@ def one_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 def reduce_scatter_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
     size = torch._C._distributed_c10d._resolve_process_group(group_name).size()
-    shard = fc.wait_tensor(fc.reduce_scatter_tensor(x.reshape(-1), "sum", size, group_name))
+    shard = fc.wait_tensor(
+        fc.reduce_scatter_tensor(x.reshape(-1), "sum", size, group_name)
+    )
     return fc.wait_tensor(fc.all_gather_into_tensor(shard, size, group_name)).view_as(x)
 
 
-def chunked_all_reduce(x: torch.Tensor, group_name: str, chunks: int = 4) -> torch.Tensor:
+def chunked_all_reduce(
+    x: torch.Tensor, group_name: str, chunks: int = 4
+) -> torch.Tensor:
     return torch.cat(
         [fc.wait_tensor(fc.all_reduce(c, "sum", group_name)) for c in x.chunk(chunks)]
     )
@@ -119,7 +128,11 @@ IMPLEMENTATIONS = {
     "symm_mem_one_shot": CustomOpConfig(symm_mem_one_shot),
     "symm_mem_two_shot": CustomOpConfig(symm_mem_two_shot),
 }
-CPU_IMPLEMENTATIONS = ("one_all_reduce", "reduce_scatter_all_gather", "chunked_all_reduce")
+CPU_IMPLEMENTATIONS = (
+    "one_all_reduce",
+    "reduce_scatter_all_gather",
+    "chunked_all_reduce",
+)
 
 
 # -- a hand-set threshold table, as serving engines pick their all-reduce ----------------
@@ -169,7 +182,7 @@ class TableLimits:
         return OWN
 
 
-def table_limits(world_size: int, capability: Optional[str]) -> TableLimits:
+def table_limits(world_size: int, capability: str | None) -> TableLimits:
     """vLLM's limits for ``world_size`` GPUs of compute ``capability`` ("9.0"; None: no
     GPU), with symmetric memory on (VLLM_ALLREDUCE_USE_SYMM_MEM, its default).
 
@@ -183,7 +196,9 @@ def table_limits(world_size: int, capability: Optional[str]) -> TableLimits:
     if capability is None or world_size not in CUSTOM_ALL_REDUCE_WORLD_SIZES:
         return TableLimits(0, 0, 0)
     listed = CUSTOM_ALL_REDUCE_MAX_SIZES.get(capability, {})
-    custom_below = min(listed.get(world_size, CUSTOM_ALL_REDUCE_BUFFER), CUSTOM_ALL_REDUCE_BUFFER)
+    custom_below = min(
+        listed.get(world_size, CUSTOM_ALL_REDUCE_BUFFER), CUSTOM_ALL_REDUCE_BUFFER
+    )
     # Its kernel (csrc/custom_all_reduce.cuh) is one-shot (one stage: each rank reads every
     # peer's buffer) on 2 ranks, on up to 4 below 512 KiB and on up to 8 below 256 KiB;
     # two-shot (reduce-scatter, then all-gather) above. vLLM's custom all-reduce is thus
@@ -195,11 +210,13 @@ def table_limits(world_size: int, capability: Optional[str]) -> TableLimits:
     return TableLimits(
         one_shot_below=min(one_stage_below, custom_below),
         two_shot_below=custom_below,
-        symm_mem_up_to=SYMM_MEM_ALL_REDUCE_MAX_SIZES.get(capability, {}).get(world_size, 0),
+        symm_mem_up_to=SYMM_MEM_ALL_REDUCE_MAX_SIZES.get(capability, {}).get(
+            world_size, 0
+        ),
     )
 
 
-def device_capability(device: torch.device) -> Optional[str]:
+def device_capability(device: torch.device) -> str | None:
     """``device``'s compute capability as vLLM's table keys it ("9.0"); None off CUDA."""
     if device.type != "cuda":
         return None
@@ -219,7 +236,9 @@ def table_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     at every call (under CUDA graphs: when the graph is recorded, as in vLLM)."""
     world_size = torch._C._distributed_c10d._resolve_process_group(group_name).size()
     limits = table_limits(world_size, device_capability(x.device))
-    return TABLE_IMPLEMENTATIONS[limits.pick(x.numel() * x.element_size())](x, group_name)
+    return TABLE_IMPLEMENTATIONS[limits.pick(x.numel() * x.element_size())](
+        x, group_name
+    )
 
 
 @table_all_reduce.register_fake
@@ -229,4 +248,6 @@ def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 def register(names: tuple[str, ...]) -> None:
     """Register the named implementations of tp_demo::all_reduce for autotuning."""
-    register_custom_op_autotuning(all_reduce, configs=[IMPLEMENTATIONS[n] for n in names])
+    register_custom_op_autotuning(
+        all_reduce, configs=[IMPLEMENTATIONS[n] for n in names]
+    )

@@ -20,7 +20,7 @@ from torch.testing._internal.common_utils import run_tests, TestCase
 
 # benchmarks/ is on pytest's pythonpath (pyproject.toml); run as a script, it is put there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import collective_store_scale as bench  # noqa: E402
+import collective_store_scale as bench
 
 
 # The goals of issue 33.
@@ -35,7 +35,9 @@ KEY_REQUESTS_NOW = 6.25
 def on_time_scenario() -> dict:
     """The on-time scenario, run once for the tests that read it."""
     # timeout 30 s (the default): a vote's wait ends within its first slice of 3.75 s.
-    result = bench.run_scenario(bench.Scenario("on_time", 16, 8, timeout=30.0), bench.StandIns())
+    result = bench.run_scenario(
+        bench.Scenario("on_time", 16, 8, timeout=30.0), bench.StandIns()
+    )
     assert result["failed_ranks"] == 0, result["errors"]
     return result
 
@@ -48,7 +50,10 @@ class TestStoreScale(TestCase):
     def test_protocol_is_the_repositorys_file(self) -> None:
         assert Path(bench.protocol.__file__).resolve() == bench.PROTOCOL_FILE.resolve()
         installed = sys.modules.get(bench.PROTOCOL_MODULE)
-        if installed is not None and Path(installed.__file__).resolve() == bench.PROTOCOL_FILE:
+        if (
+            installed is not None
+            and Path(installed.__file__).resolve() == bench.PROTOCOL_FILE
+        ):
             # The overlay is applied: one module, shared with Inductor's code.
             assert bench.protocol is installed
 
@@ -85,7 +90,10 @@ class TestStoreScale(TestCase):
         assert waiting["requests_per_s"]["max"] < WAITING_REQUESTS_PER_S_GOAL, waiting
         # At most two per look interval, and the wait that ends it.
         slices = waiting["seconds"]["max"] / look
-        assert waiting["requests_per_s"]["max"] * waiting["seconds"]["max"] <= 2 * slices + 1.5
+        assert (
+            waiting["requests_per_s"]["max"] * waiting["seconds"]["max"]
+            <= 2 * slices + 1.5
+        )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ import tempfile
 import time
 import types
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 from unittest import mock
 
 import torch
@@ -67,7 +68,7 @@ class Contract:
             self.check()
         except ContractBroken as e:
             raise ContractBroken(f"{self.name}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - a broken assumption may show as any error
+        except Exception as e:
             raise ContractBroken(f"{self.name}: {type(e).__name__}: {e}") from e
 
 
@@ -101,12 +102,16 @@ def has(path: str, *parameters: str) -> Callable[[], None]:
             accepted = inspect.signature(obj).parameters
             missing = [p for p in parameters if p not in accepted]
             if missing:
-                raise ContractBroken(f"{path} no longer takes {missing}; it takes {list(accepted)}")
+                raise ContractBroken(
+                    f"{path} no longer takes {missing}; it takes {list(accepted)}"
+                )
 
     return check
 
 
-def replaced(path: str, value: Any) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+def replaced(
+    path: str, value: Any
+) -> Callable[[], contextlib.AbstractContextManager[Any]]:
     """What ``path`` replaced by ``value`` upstream would leave."""
     owner, attr = path.rsplit(".", 1)
     return lambda: mock.patch.object(resolve(owner), attr, value)
@@ -128,7 +133,11 @@ def one_rank_group() -> Iterator[Any]:
     created = not dist.is_initialized()
     if created:
         dist.init_process_group(
-            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=60)
+            "gloo",
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=60),
         )
     try:
         yield dist.group.WORLD
@@ -191,18 +200,27 @@ def _lowered_conds() -> dict[str, tuple[Any, Any, Any]]:
 
     found = {}
     for name, fn in zip(("size", "data"), _size_and_data_conds()):
-        with fresh_inductor(), scheduled_graphs() as seen, config.patch(
-            {"triton.cudagraphs": True, "graph_partition": True}
-        ), mock.patch("torch._inductor.lowering.is_triton", lambda x: True):
+        with (
+            fresh_inductor(),
+            scheduled_graphs() as seen,
+            config.patch({"triton.cudagraphs": True, "graph_partition": True}),
+            mock.patch("torch._inductor.lowering.is_triton", lambda x: True),
+        ):
             x = torch.randn(6, 3)
             torch._dynamo.mark_dynamic(x, 0)
             torch.compile(fn, fullgraph=True)(x)
         for scheduler, reason in seen:
-            nodes = [n for n in scheduler.nodes if isinstance(getattr(n, "node", None), _switch_class())]
+            nodes = [
+                n
+                for n in scheduler.nodes
+                if isinstance(getattr(n, "node", None), _switch_class())
+            ]
             if nodes:
                 found[name] = (scheduler, nodes[0], reason)
     if set(found) != {"size", "data"}:
-        raise ContractBroken(f"no Switch/Conditional node was scheduled for the conds: {sorted(found)}")
+        raise ContractBroken(
+            f"no Switch/Conditional node was scheduled for the conds: {sorted(found)}"
+        )
     return found
 
 
@@ -216,14 +234,19 @@ def check_size_predicate_keeps_partitions() -> None:
     from torch._inductor.scheduler import Scheduler
 
     for name, (scheduler, node, _) in _lowered_conds().items():
-        with config.patch({"triton.cudagraphs": True, "graph_partition": True}), mock.patch.object(
-            node, "is_gpu", lambda: True
+        with (
+            config.patch({"triton.cudagraphs": True, "graph_partition": True}),
+            mock.patch.object(node, "is_gpu", lambda: True),
         ):
             verdict = Scheduler.should_partition(scheduler, node)
         if name == "size" and verdict is not None:
-            raise ContractBroken(f"a size dispatch is partitioned out of CUDA graphs: {verdict!r}")
+            raise ContractBroken(
+                f"a size dispatch is partitioned out of CUDA graphs: {verdict!r}"
+            )
         if name == "data" and verdict is None:
-            raise ContractBroken("a cond over device data is no longer partitioned: the rule changed")
+            raise ContractBroken(
+                "a cond over device data is no longer partitioned: the rule changed"
+            )
 
 
 def check_size_predicate_keeps_cudagraphs() -> None:
@@ -231,9 +254,13 @@ def check_size_predicate_keeps_cudagraphs() -> None:
     them off for one over device data."""
     conds = _lowered_conds()
     if conds["size"][2] is not None:
-        raise ContractBroken(f"a size dispatch turns CUDA graphs off: {conds['size'][2]!r}")
+        raise ContractBroken(
+            f"a size dispatch turns CUDA graphs off: {conds['size'][2]!r}"
+        )
     if conds["data"][2] is None:
-        raise ContractBroken("a cond over device data no longer turns CUDA graphs off: the rule changed")
+        raise ContractBroken(
+            "a cond over device data no longer turns CUDA graphs off: the rule changed"
+        )
 
 
 def break_partitioner() -> contextlib.AbstractContextManager[Any]:
@@ -275,14 +302,18 @@ def check_cache_hits_pass_the_gate() -> None:
         asked.append(decisions)
         return True
 
-    with fresh_inductor(), config.patch(fx_graph_cache=True), mock.patch.object(
-        hooks, "cached_graph_may_load", gate
+    with (
+        fresh_inductor(),
+        config.patch(fx_graph_cache=True),
+        mock.patch.object(hooks, "cached_graph_may_load", gate),
     ):
         for _ in range(2):  # a miss, then a hit
             torch._dynamo.reset()
             torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.randn(4))
     if not asked or not isinstance(asked[0], tuple):
-        raise ContractBroken(f"a cache hit did not ask the collective gate (asked: {asked})")
+        raise ContractBroken(
+            f"a cache hit did not ask the collective gate (asked: {asked})"
+        )
 
 
 def break_cache_hits() -> contextlib.AbstractContextManager[Any]:
@@ -300,7 +331,9 @@ def check_compiled_graphs_record_decisions() -> None:
     from torch._inductor.kernel.collective import hooks
     from torch._inductor.output_code import CompiledFxGraph
 
-    if "collective_decisions" not in {f.name for f in dataclasses.fields(CompiledFxGraph)}:
+    if "collective_decisions" not in {
+        f.name for f in dataclasses.fields(CompiledFxGraph)
+    }:
         raise ContractBroken("CompiledFxGraph has no collective_decisions field")
     graphs: list[Any] = []
     original = hooks.inlined_decisions
@@ -312,7 +345,9 @@ def check_compiled_graphs_record_decisions() -> None:
     with fresh_inductor(), mock.patch.object(hooks, "inlined_decisions", spy):
         torch.compile(lambda x: x.cos() * 2, fullgraph=True)(torch.randn(4))
     if not graphs:
-        raise ContractBroken("a compiled graph no longer records its collective decisions")
+        raise ContractBroken(
+            "a compiled graph no longer records its collective decisions"
+        )
 
 
 def break_compiled_graphs() -> contextlib.AbstractContextManager[Any]:
@@ -340,24 +375,43 @@ def check_collectives_reach_the_selector() -> None:
     """register_custom_op_autotuning notes the op (hooks.note_registration),
     and AlgorithmSelectorCache hands a collective op to select_collective_choice."""
     from torch._inductor.kernel.collective import hooks
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     custom_op = _contract_all_reduce()
     op = torch.ops.collective_contract.all_reduce.default
     noted: list[Any] = []
     selected: list[Any] = []
     note, select = hooks.note_registration, hooks.select_collective_choice
-    with mock.patch.object(hooks, "note_registration", lambda *a: noted.append(a) or note(*a)):
-        # torch 2.11 takes the decorated function only; later torch its OpOverload too.
-        register_custom_op_autotuning(custom_op, configs=[CustomOpConfig(one_all_reduce)])
-    with one_rank_group() as group, fresh_inductor(), mock.patch.object(
-        hooks, "select_collective_choice", lambda *a, **k: selected.append(a) or select(*a, **k)
+    with mock.patch.object(
+        hooks, "note_registration", lambda *a: noted.append(a) or note(*a)
     ):
-        torch.compile(lambda x: op(x, group.group_name) + 1, fullgraph=True)(torch.randn(4, 4))
+        # torch 2.11 takes the decorated function only; later torch its OpOverload too.
+        register_custom_op_autotuning(
+            custom_op, configs=[CustomOpConfig(one_all_reduce)]
+        )
+    with (
+        one_rank_group() as group,
+        fresh_inductor(),
+        mock.patch.object(
+            hooks,
+            "select_collective_choice",
+            lambda *a, **k: selected.append(a) or select(*a, **k),
+        ),
+    ):
+        torch.compile(lambda x: op(x, group.group_name) + 1, fullgraph=True)(
+            torch.randn(4, 4)
+        )
     if not noted:
-        raise ContractBroken("register_custom_op_autotuning no longer calls note_registration")
+        raise ContractBroken(
+            "register_custom_op_autotuning no longer calls note_registration"
+        )
     if not selected:
-        raise ContractBroken("a collective op's selection no longer reaches select_collective_choice")
+        raise ContractBroken(
+            "a collective op's selection no longer reaches select_collective_choice"
+        )
 
 
 @functools.cache
@@ -380,15 +434,24 @@ def check_winners_with_a_graph_are_inlined() -> None:
     returns that, never the node the selector returned with it: the diff's selector
     returns none for such a winner rather than lowering one to be thrown away."""
     from torch._inductor.codegen import subgraph
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     custom_op = _contract_slow_all_reduce()
     op = torch.ops.collective_contract.slow_all_reduce.default
     register_custom_op_autotuning(custom_op, configs=[CustomOpConfig(one_all_reduce)])
     inlined: list[Any] = []
     inline = subgraph.inline_subgraph_to_ir_nodes
-    with one_rank_group() as group, fresh_inductor(), mock.patch.object(
-        subgraph, "inline_subgraph_to_ir_nodes", lambda *a, **k: inlined.append(a) or inline(*a, **k)
+    with (
+        one_rank_group() as group,
+        fresh_inductor(),
+        mock.patch.object(
+            subgraph,
+            "inline_subgraph_to_ir_nodes",
+            lambda *a, **k: inlined.append(a) or inline(*a, **k),
+        ),
     ):
         x = torch.randn(4, 4)
         compiled = torch.compile(lambda x: op(x, group.group_name) + 1, fullgraph=True)
@@ -399,7 +462,9 @@ def check_winners_with_a_graph_are_inlined() -> None:
         raise ContractBroken("custom_op no longer inlines a winner that has a graph")
     if _SLOW_ALL_REDUCE_CALLS:
         # torch 2.14 lowers an op whose lowering returned nothing as the op itself.
-        raise ContractBroken("the compiled graph calls the op's own implementation, not the winner")
+        raise ContractBroken(
+            "the compiled graph calls the op's own implementation, not the winner"
+        )
     if not torch.equal(out, x + 1):  # one rank: the all-reduce of x is x
         raise ContractBroken("the compiled graph does not compute the inlined winner")
 
@@ -431,7 +496,9 @@ def break_selector() -> contextlib.AbstractContextManager[Any]:
 
     # A selector that no longer hands collectives over (it takes the first choice: its
     # own benchmarking of a gloo collective would deadlock while lowering).
-    def call(self: Any, name: str, choices: list[Any], *args: Any, **kwargs: Any) -> Any:
+    def call(
+        self: Any, name: str, choices: list[Any], *args: Any, **kwargs: Any
+    ) -> Any:
         return choices[0].output_node(), choices[0]
 
     return mock.patch.object(AlgorithmSelectorCache, "__call__", call)
@@ -488,25 +555,34 @@ def check_compile_callbacks_fire() -> None:
     if fired[:1] != ["start"] or "end" not in fired:
         raise ContractBroken(f"compile callbacks fired as {fired}")
     if start in callback_handler.start_callbacks:
-        raise ContractBroken("torch._dynamo.reset() keeps compile callbacks now: install() need not renew them")
+        raise ContractBroken(
+            "torch._dynamo.reset() keeps compile callbacks now: install() need not renew them"
+        )
 
 
 def break_compile_callbacks() -> contextlib.AbstractContextManager[Any]:
     from torch._dynamo.callback import CompilationCallbackHandler
 
-    return mock.patch.object(CompilationCallbackHandler, "run_start_callbacks", lambda *a, **k: None)
+    return mock.patch.object(
+        CompilationCallbackHandler, "run_start_callbacks", lambda *a, **k: None
+    )
 
 
 def check_group_timeout_is_reachable() -> None:
     """A process group's backend keeps its timeout in ``options._timeout``, which
     dist.set_timeout (torch 2.14) or c10d._set_pg_timeout changes: the benchmark bounds
     the group's collectives by the knob with them."""
-    from torch._inductor.runtime.collective_benchmarking import _group_timeout, _set_group_timeout
+    from torch._inductor.runtime.collective_benchmarking import (
+        _group_timeout,
+        _set_group_timeout,
+    )
 
     with one_rank_group() as group:
         saved = _group_timeout(group)
         if saved != timedelta(seconds=60):
-            raise ContractBroken(f"the group's timeout reads {saved}, not the 60 s it was made with")
+            raise ContractBroken(
+                f"the group's timeout reads {saved}, not the 60 s it was made with"
+            )
         _set_group_timeout(timedelta(seconds=7), group)
         try:
             if _group_timeout(group) != timedelta(seconds=7):
@@ -518,7 +594,9 @@ def check_group_timeout_is_reachable() -> None:
 def break_group_timeout() -> contextlib.AbstractContextManager[Any]:
     import torch.distributed as dist
 
-    return mock.patch.object(dist.ProcessGroup, "_get_backend", lambda self, device: object())
+    return mock.patch.object(
+        dist.ProcessGroup, "_get_backend", lambda self, device: object()
+    )
 
 
 def check_group_registry() -> None:
@@ -529,9 +607,13 @@ def check_group_registry() -> None:
 
     with one_rank_group() as group:
         if torch._C._distributed_c10d._resolve_process_group(group.group_name) != group:
-            raise ContractBroken("_resolve_process_group no longer returns the group by its name")
+            raise ContractBroken(
+                "_resolve_process_group no longer returns the group by its name"
+            )
         if c10d._world.pg_group_ranks.get(group) != {0: 0}:
-            raise ContractBroken(f"_world.pg_group_ranks reads {c10d._world.pg_group_ranks.get(group)}")
+            raise ContractBroken(
+                f"_world.pg_group_ranks reads {c10d._world.pg_group_ranks.get(group)}"
+            )
         if not isinstance(dist.distributed_c10d._get_default_store(), dist.Store):
             raise ContractBroken("_get_default_store no longer returns the job's Store")
 
@@ -539,7 +621,9 @@ def check_group_registry() -> None:
 def break_group_registry() -> contextlib.AbstractContextManager[Any]:
     from torch.distributed import distributed_c10d as c10d
 
-    return mock.patch.object(type(c10d._world), "pg_group_ranks", property(lambda self: {}))
+    return mock.patch.object(
+        type(c10d._world), "pg_group_ranks", property(lambda self: {})
+    )
 
 
 def check_store_primitives() -> None:
@@ -549,16 +633,27 @@ def check_store_primitives() -> None:
     import torch.distributed as dist
 
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    if not (isinstance(server.host, str) and server.port > 0 and isinstance(server.libuvBackend, bool)):
+    if not (
+        isinstance(server.host, str)
+        and server.port > 0
+        and isinstance(server.libuvBackend, bool)
+    ):
         raise ContractBroken("TCPStore no longer tells host, port and libuvBackend")
     prefixed = dist.PrefixStore("p", server)
-    if prefixed.underlying_store is not server and not isinstance(prefixed.underlying_store, dist.TCPStore):
-        raise ContractBroken("PrefixStore.underlying_store no longer gives the store below")
+    if prefixed.underlying_store is not server and not isinstance(
+        prefixed.underlying_store, dist.TCPStore
+    ):
+        raise ContractBroken(
+            "PrefixStore.underlying_store no longer gives the store below"
+        )
     prefixed.append("votes", "a\n")
     prefixed.append("votes", "b\n")
     if prefixed.get("votes") != b"a\nb\n" or prefixed.add("count", 1) != 1:
         raise ContractBroken("append or add no longer behave as the votes need")
-    if prefixed.compare_set("decision", "", "x") != b"x" or prefixed.compare_set("decision", "", "y") != b"x":
+    if (
+        prefixed.compare_set("decision", "", "x") != b"x"
+        or prefixed.compare_set("decision", "", "y") != b"x"
+    ):
         raise ContractBroken("compare_set no longer keeps the first value")
     try:
         prefixed.wait(["never"], timedelta(milliseconds=50))
@@ -599,15 +694,25 @@ def check_one_pointwise_config_without_autotuning() -> None:
 
         # In this process (no compile workers), where the kernel's configs are made.
         patches = {"compile_threads": 1, "triton.autotune_pointwise": autotune}
-        with fresh_inductor(), config.patch(patches), mock.patch.object(CachingAutotuner, "__init__", init):
-            torch.compile(lambda x: x.neg() + 1, backend="inductor")(torch.randn(1 << 16, device="cuda"))
+        with (
+            fresh_inductor(),
+            config.patch(patches),
+            mock.patch.object(CachingAutotuner, "__init__", init),
+        ):
+            torch.compile(lambda x: x.neg() + 1, backend="inductor")(
+                torch.randn(1 << 16, device="cuda")
+            )
         return seen
 
     tuned, untuned = configs(True), configs(False)
     if not tuned or max(tuned) < 2:
-        raise ContractBroken(f"a 1-D pointwise kernel no longer has several configs to tune: {tuned}")
+        raise ContractBroken(
+            f"a 1-D pointwise kernel no longer has several configs to tune: {tuned}"
+        )
     if untuned != [1] * len(untuned) or not untuned:
-        raise ContractBroken(f"autotune_pointwise=False no longer leaves one config: {untuned}")
+        raise ContractBroken(
+            f"autotune_pointwise=False no longer leaves one config: {untuned}"
+        )
 
 
 def break_autotune_pointwise() -> contextlib.AbstractContextManager[Any]:
@@ -616,7 +721,11 @@ def break_autotune_pointwise() -> contextlib.AbstractContextManager[Any]:
     original = triton_heuristics.pointwise
 
     def pointwise(*args: Any, inductor_meta: Any = None, **kwargs: Any) -> Any:
-        return original(*args, inductor_meta={**(inductor_meta or {}), "autotune_pointwise": True}, **kwargs)
+        return original(
+            *args,
+            inductor_meta={**(inductor_meta or {}), "autotune_pointwise": True},
+            **kwargs,
+        )
 
     return mock.patch.object(triton_heuristics, "pointwise", pointwise)
 
@@ -1254,7 +1363,7 @@ def check_dont_skip_tracing() -> None:
         os.path.dirname(torch.__file__), "_inductor", "contract_probe.py"
     )
     namespace: dict[str, Any] = {}
-    exec(compile(source, where, "exec"), namespace)  # noqa: S102 - as torch's own
+    exec(compile(source, where, "exec"), namespace)
     branch = torch._dynamo.dont_skip_tracing(namespace["branch"])
     torch._dynamo.reset()
     try:
@@ -1516,8 +1625,11 @@ def _range_probe() -> Any:
     def _lower(x: Any) -> Any:
         size = x.get_size()[0]
         small = V.graph.sizevars.evaluate_expr(sympy.Le(size, 16))
-        known = V.graph.sizevars.statically_known_leq(size, 16) if small else (
-            V.graph.sizevars.statically_known_gt(size, 16))
+        known = (
+            V.graph.sizevars.statically_known_leq(size, 16)
+            if small
+            else (V.graph.sizevars.statically_known_gt(size, 16))
+        )
         seen.append(known)
         return lowering.mul(x, 1 if small else 2)
 
@@ -1533,18 +1645,26 @@ def check_lowering_guards_choose_the_graph() -> None:
     probe, seen = _range_probe()
     counter = CompileCounterWithBackend("inductor")
     with fresh_inductor():
-        compiled = torch.compile(lambda x: probe(x.relu()) + 0, backend=counter, dynamic=True)
+        compiled = torch.compile(
+            lambda x: probe(x.relu()) + 0, backend=counter, dynamic=True
+        )
         tags = []
         for n in (8, 12, 40, 64, 3):
             x = torch.rand(n, 4) + 0.5
             tags.append(int(round((compiled(x) / x).max().item())))
     if tags != [1, 1, 2, 2, 1]:
-        raise ContractBroken(f"sizes 8, 12, 40, 64, 3 ran the branches {tags}, not [1, 1, 2, 2, 1]")
+        raise ContractBroken(
+            f"sizes 8, 12, 40, 64, 3 ran the branches {tags}, not [1, 1, 2, 2, 1]"
+        )
     if counter.frame_count != 2:
-        raise ContractBroken(f"{counter.frame_count} compiles for two ranges: guards set while lowering "
-                             "no longer choose the graph")
+        raise ContractBroken(
+            f"{counter.frame_count} compiles for two ranges: guards set while lowering "
+            "no longer choose the graph"
+        )
     if seen[-2:] != [True, True]:
-        raise ContractBroken("Inductor does not know the guarded range for the rest of the compile")
+        raise ContractBroken(
+            "Inductor does not know the guarded range for the rest of the compile"
+        )
 
 
 def break_lowering_guards() -> contextlib.AbstractContextManager[Any]:
@@ -1552,126 +1672,272 @@ def break_lowering_guards() -> contextlib.AbstractContextManager[Any]:
 
     # A size variable evaluated by its hint without a guard.
     return mock.patch.object(
-        SizeVarAllocator, "evaluate_expr", lambda self, expr, *a, **k: bool(expr.subs(self.shape_env.backed_var_to_val))
+        SizeVarAllocator,
+        "evaluate_expr",
+        lambda self, expr, *a, **k: bool(expr.subs(self.shape_env.backed_var_to_val)),
     )
 
 
 CONTRACTS: list[Contract] = [
     # What the overlay's edits do.
-    Contract("Scheduler.should_partition keeps a size dispatch inside CUDA-graph partitions",
-             "dispatch.lower_size_dispatch", check_size_predicate_keeps_partitions,
-             break_partitioner, needs_overlay=True),
-    Contract("the torch.cond lowering keeps CUDA graphs for a predicate over sizes",
-             "dispatch.lower_size_dispatch", check_size_predicate_keeps_cudagraphs,
-             break_cond_lowering, needs_overlay=True),
-    Contract("FxGraphCache.cache_hit_post_compile asks the collective gate about every hit",
-             "graph_sessions.cached_graph_may_load", check_cache_hits_pass_the_gate,
-             break_cache_hits, needs_overlay=True),
-    Contract("CompiledFxGraph records the collective decisions its graph inlines",
-             "graph_sessions.inlined_decisions", check_compiled_graphs_record_decisions,
-             break_compiled_graphs, needs_overlay=True),
-    Contract("custom-op registration and selection reach collective autotuning's hooks",
-             "hooks", check_collectives_reach_the_selector, break_selector,
-             needs_overlay=True),
+    Contract(
+        "Scheduler.should_partition keeps a size dispatch inside CUDA-graph partitions",
+        "dispatch.lower_size_dispatch",
+        check_size_predicate_keeps_partitions,
+        break_partitioner,
+        needs_overlay=True,
+    ),
+    Contract(
+        "the torch.cond lowering keeps CUDA graphs for a predicate over sizes",
+        "dispatch.lower_size_dispatch",
+        check_size_predicate_keeps_cudagraphs,
+        break_cond_lowering,
+        needs_overlay=True,
+    ),
+    Contract(
+        "FxGraphCache.cache_hit_post_compile asks the collective gate about every hit",
+        "graph_sessions.cached_graph_may_load",
+        check_cache_hits_pass_the_gate,
+        break_cache_hits,
+        needs_overlay=True,
+    ),
+    Contract(
+        "CompiledFxGraph records the collective decisions its graph inlines",
+        "graph_sessions.inlined_decisions",
+        check_compiled_graphs_record_decisions,
+        break_compiled_graphs,
+        needs_overlay=True,
+    ),
+    Contract(
+        "custom-op registration and selection reach collective autotuning's hooks",
+        "hooks",
+        check_collectives_reach_the_selector,
+        break_selector,
+        needs_overlay=True,
+    ),
     # The diff's selector returns no node for a winner with a graph: custom_op inlines it.
-    Contract("custom_op inlines a winner's graph rather than the selector's node",
-             "patches (select_algorithm.py)", check_winners_with_a_graph_are_inlined,
-             replaced("torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes",
-                      lambda gm, inputs, name: None),
-             needs_overlay=True),
-    Contract("ShapeEnv.error_on_new_guards refuses guards (backported to 2.11)",
-             "choice_modules.compiled_module", check_guards_are_refused,
-             replaced("torch.fx.experimental.symbolic_shapes.ShapeEnv._check_frozen", lambda *a: None)),
+    Contract(
+        "custom_op inlines a winner's graph rather than the selector's node",
+        "patches (select_algorithm.py)",
+        check_winners_with_a_graph_are_inlined,
+        replaced(
+            "torch._inductor.codegen.subgraph.inline_subgraph_to_ir_nodes",
+            lambda gm, inputs, name: None,
+        ),
+        needs_overlay=True,
+    ),
+    Contract(
+        "ShapeEnv.error_on_new_guards refuses guards (backported to 2.11)",
+        "choice_modules.compiled_module",
+        check_guards_are_refused,
+        replaced(
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv._check_frozen",
+            lambda *a: None,
+        ),
+    ),
     # Upstream internals used as they are.
-    Contract("Dynamo runs registered compile callbacks", "collective/dynamo_callbacks.py",
-             check_compile_callbacks_fire, break_compile_callbacks),
-    Contract("a process group's timeout can be read and set", "collective_benchmarking",
-             check_group_timeout_is_reachable, break_group_timeout),
-    Contract("c10d resolves groups by name and lists a rank's groups", "_store_session",
-             check_group_registry, break_group_registry),
-    Contract("Store primitives behave as the protocol needs", "_store_session",
-             check_store_primitives, break_store_waits),
-    Contract("custom ops keep their Python function", "choices.code_identity",
-             check_python_kernel_of_custom_ops, break_python_kernels),
-    Contract("SubgraphChoiceCaller compiles or only lowers a choice for benchmarking",
-             "collective/choice_modules.py", check_choices_lower_only,
-             break_choices_lower_only, needs_overlay=True),
-    Contract("inline_subgraph_to_ir_nodes(gm, inputs, name) inlines a traced graph",
-             "collective/dispatch.py", check_subgraphs_inline, break_inline_subgraphs),
-    Contract("_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)",
-             "collective/dispatch.py", check_merged_kwargs,
-             # Runtime kwargs passed apart: the merge keeps the config's only.
-             replaced(_MERGE, lambda config_params, runtime_kwargs: {**config_params})),
-    Contract("the range-based lowering's signature, which the diff calls",
-             "patches (custom_op.py)",
-             has("torch._inductor.kernel.custom_op._range_based_lowering_fn",
-                 "processed_configs", "default_impl", "name", "op_overload",
-                 "input_gen_fns", "tensor_name", "dim_index", "ranges", "tensor_inputs",
-                 "runtime_kwargs", "range_upper_bound"),
-             break_range_based_lowering),
-    Contract("RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges",
-             "collective/dispatch.py", check_range_impl_groups,
-             break_range_impl_groups),
-    Contract("CustomOpConfig keeps decomposition and params", "choices.register",
-             check_config_fields, break_config_fields),
-    Contract("ExternKernelChoice(kernel, name=, has_out_variant=, op_overload=, "
-             "use_fallback_kernel=)",
-             "choices.complete_default_choice", check_extern_kernel_choices,
-             break_extern_kernel_choices),
-    Contract("ir_node_to_tensor and gm_original_output_strides",
-             "collective/choice_modules.py", check_ir_nodes_to_tensors,
-             break_ir_nodes_to_tensors),
-    Contract("IR classes the neighbours and the dispatch recognise",
-             "collective/choice_modules.py", check_ir_classes, break_ir_classes),
-    Contract("fallback_handler(op, add_to_fallback_set=)", "dispatch.lowered_once",
-             check_fallback_handler, break_fallback_handler),
-    Contract("config.triton.autotune_pointwise=False leaves a pointwise kernel one config",
-             "timing.build", check_one_pointwise_config_without_autotuning,
-             break_autotune_pointwise, needs_cuda=True),
-    Contract("no_python_dispatcher", "collective/selection.py",
-             check_python_dispatcher_is_disabled,
-             # A no-op: the Python dispatcher stays on.
-             replaced("torch._dispatch.python.no_python_dispatcher",
-                      contextlib.nullcontext)),
-    Contract("write_atomic(path, content, make_dirs=)", "collective_decisions",
-             check_atomic_writes, break_atomic_writes),
+    Contract(
+        "Dynamo runs registered compile callbacks",
+        "collective/dynamo_callbacks.py",
+        check_compile_callbacks_fire,
+        break_compile_callbacks,
+    ),
+    Contract(
+        "a process group's timeout can be read and set",
+        "collective_benchmarking",
+        check_group_timeout_is_reachable,
+        break_group_timeout,
+    ),
+    Contract(
+        "c10d resolves groups by name and lists a rank's groups",
+        "_store_session",
+        check_group_registry,
+        break_group_registry,
+    ),
+    Contract(
+        "Store primitives behave as the protocol needs",
+        "_store_session",
+        check_store_primitives,
+        break_store_waits,
+    ),
+    Contract(
+        "custom ops keep their Python function",
+        "choices.code_identity",
+        check_python_kernel_of_custom_ops,
+        break_python_kernels,
+    ),
+    Contract(
+        "SubgraphChoiceCaller compiles or only lowers a choice for benchmarking",
+        "collective/choice_modules.py",
+        check_choices_lower_only,
+        break_choices_lower_only,
+        needs_overlay=True,
+    ),
+    Contract(
+        "inline_subgraph_to_ir_nodes(gm, inputs, name) inlines a traced graph",
+        "collective/dispatch.py",
+        check_subgraphs_inline,
+        break_inline_subgraphs,
+    ),
+    Contract(
+        "_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)",
+        "collective/dispatch.py",
+        check_merged_kwargs,
+        # Runtime kwargs passed apart: the merge keeps the config's only.
+        replaced(_MERGE, lambda config_params, runtime_kwargs: {**config_params}),
+    ),
+    Contract(
+        "the range-based lowering's signature, which the diff calls",
+        "patches (custom_op.py)",
+        has(
+            "torch._inductor.kernel.custom_op._range_based_lowering_fn",
+            "processed_configs",
+            "default_impl",
+            "name",
+            "op_overload",
+            "input_gen_fns",
+            "tensor_name",
+            "dim_index",
+            "ranges",
+            "tensor_inputs",
+            "runtime_kwargs",
+            "range_upper_bound",
+        ),
+        break_range_based_lowering,
+    ),
+    Contract(
+        "RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges",
+        "collective/dispatch.py",
+        check_range_impl_groups,
+        break_range_impl_groups,
+    ),
+    Contract(
+        "CustomOpConfig keeps decomposition and params",
+        "choices.register",
+        check_config_fields,
+        break_config_fields,
+    ),
+    Contract(
+        "ExternKernelChoice(kernel, name=, has_out_variant=, op_overload=, "
+        "use_fallback_kernel=)",
+        "choices.complete_default_choice",
+        check_extern_kernel_choices,
+        break_extern_kernel_choices,
+    ),
+    Contract(
+        "ir_node_to_tensor and gm_original_output_strides",
+        "collective/choice_modules.py",
+        check_ir_nodes_to_tensors,
+        break_ir_nodes_to_tensors,
+    ),
+    Contract(
+        "IR classes the neighbours and the dispatch recognise",
+        "collective/choice_modules.py",
+        check_ir_classes,
+        break_ir_classes,
+    ),
+    Contract(
+        "fallback_handler(op, add_to_fallback_set=)",
+        "dispatch.lowered_once",
+        check_fallback_handler,
+        break_fallback_handler,
+    ),
+    Contract(
+        "config.triton.autotune_pointwise=False leaves a pointwise kernel one config",
+        "timing.build",
+        check_one_pointwise_config_without_autotuning,
+        break_autotune_pointwise,
+        needs_cuda=True,
+    ),
+    Contract(
+        "no_python_dispatcher",
+        "collective/selection.py",
+        check_python_dispatcher_is_disabled,
+        # A no-op: the Python dispatcher stays on.
+        replaced("torch._dispatch.python.no_python_dispatcher", contextlib.nullcontext),
+    ),
+    Contract(
+        "write_atomic(path, content, make_dirs=)",
+        "collective_decisions",
+        check_atomic_writes,
+        break_atomic_writes,
+    ),
     Contract("cache_dir()", "collective_decisions", check_cache_dir, break_cache_dir),
-    Contract("clear_on_fresh_cache registers what fresh_cache clears",
-             "collective/records.py", check_fresh_cache_clears,
-             # A decorator that registers nothing.
-             replaced("torch._inductor.utils.clear_on_fresh_cache", lambda obj: obj)),
-    Contract("dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=)",
-             "hooks", check_dynamo_timed, break_dynamo_timed),
-    Contract("trace_structured(name, metadata_fn=, payload_fn=)", "hooks",
-             check_trace_structured, break_trace_structured),
-    Contract("make_fx(fn, decomposition_table=, tracing_mode=) and select_decomp_table",
-             "collective/choice_modules.py", check_traced_with_decompositions,
-             # Inductor's decompositions left to its lowerings: an empty table.
-             replaced("torch._inductor.decomposition.select_decomp_table", lambda: {})),
-    Contract("dont_skip_tracing", "collective/dispatch.py", check_dont_skip_tracing,
-             # Dynamo skips the function all the same.
-             replaced("torch._dynamo.dont_skip_tracing", lambda fn=None: fn)),
-    Contract("guards set through V.graph.sizevars while lowering choose the Dynamo "
-             "frame's graph",
-             "collective/range_graphs.py", check_lowering_guards_choose_the_graph,
-             break_lowering_guards),
-    Contract("what tells range graphs where a range cannot be guarded",
-             "collective/range_graphs.py", check_range_graph_tells,
-             break_range_graph_tells),
-    Contract("torch.compiler.is_dynamo_compiling (no dispatch mode while Dynamo traces)",
-             "waits.with_waits", check_dynamo_compiling,
-             # False while Dynamo traces too.
-             replaced("torch.compiler.is_dynamo_compiling", lambda: False)),
-    Contract("the functorch bundled_autograd_cache knob", "hooks.note_registration",
-             check_bundled_autograd_cache, break_bundled_autograd_cache),
-    Contract("torch.cuda._sleep (GPU sleeps before a graph round)", "collective_benchmarking",
-             check_cuda_sleep,
-             # Returns at once.
-             replaced("torch.cuda._sleep", lambda cycles: None), needs_cuda=True),
-    Contract("symmetric memory's empty, rendezvous (and enable_symm_mem_for_group "
-             "where present)",
-             "timing._move_to_symmetric_memory", check_symmetric_memory,
-             break_symmetric_memory, needs_cuda=True),
+    Contract(
+        "clear_on_fresh_cache registers what fresh_cache clears",
+        "collective/records.py",
+        check_fresh_cache_clears,
+        # A decorator that registers nothing.
+        replaced("torch._inductor.utils.clear_on_fresh_cache", lambda obj: obj),
+    ),
+    Contract(
+        "dynamo_timed(key, log_pt2_compile_event=, dynamo_compile_column_us=)",
+        "hooks",
+        check_dynamo_timed,
+        break_dynamo_timed,
+    ),
+    Contract(
+        "trace_structured(name, metadata_fn=, payload_fn=)",
+        "hooks",
+        check_trace_structured,
+        break_trace_structured,
+    ),
+    Contract(
+        "make_fx(fn, decomposition_table=, tracing_mode=) and select_decomp_table",
+        "collective/choice_modules.py",
+        check_traced_with_decompositions,
+        # Inductor's decompositions left to its lowerings: an empty table.
+        replaced("torch._inductor.decomposition.select_decomp_table", dict),
+    ),
+    Contract(
+        "dont_skip_tracing",
+        "collective/dispatch.py",
+        check_dont_skip_tracing,
+        # Dynamo skips the function all the same.
+        replaced("torch._dynamo.dont_skip_tracing", lambda fn=None: fn),
+    ),
+    Contract(
+        "guards set through V.graph.sizevars while lowering choose the Dynamo "
+        "frame's graph",
+        "collective/range_graphs.py",
+        check_lowering_guards_choose_the_graph,
+        break_lowering_guards,
+    ),
+    Contract(
+        "what tells range graphs where a range cannot be guarded",
+        "collective/range_graphs.py",
+        check_range_graph_tells,
+        break_range_graph_tells,
+    ),
+    Contract(
+        "torch.compiler.is_dynamo_compiling (no dispatch mode while Dynamo traces)",
+        "waits.with_waits",
+        check_dynamo_compiling,
+        # False while Dynamo traces too.
+        replaced("torch.compiler.is_dynamo_compiling", lambda: False),
+    ),
+    Contract(
+        "the functorch bundled_autograd_cache knob",
+        "hooks.note_registration",
+        check_bundled_autograd_cache,
+        break_bundled_autograd_cache,
+    ),
+    Contract(
+        "torch.cuda._sleep (GPU sleeps before a graph round)",
+        "collective_benchmarking",
+        check_cuda_sleep,
+        # Returns at once.
+        replaced("torch.cuda._sleep", lambda cycles: None),
+        needs_cuda=True,
+    ),
+    Contract(
+        "symmetric memory's empty, rendezvous (and enable_symm_mem_for_group "
+        "where present)",
+        "timing._move_to_symmetric_memory",
+        check_symmetric_memory,
+        break_symmetric_memory,
+        needs_cuda=True,
+    ),
 ]
 
 
@@ -1696,12 +1962,16 @@ def main() -> int:
             contract.verify()
         except ContractBroken as e:
             failed += 1
-            print(f"  FAILED       {contract.name} (relied on by {contract.used_by}): {e}")
+            print(
+                f"  FAILED       {contract.name} (relied on by {contract.used_by}): {e}"
+            )
         else:
             print(f"  ok           {contract.name}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="collective_contracts_"))
+    os.environ.setdefault(
+        "TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="collective_contracts_")
+    )
     sys.exit(main())

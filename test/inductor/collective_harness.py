@@ -36,7 +36,8 @@ import time
 import traceback
 import unittest
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -63,9 +64,9 @@ class RankResult:
     rank: int
     value: Any = None
     # The formatted exception when the body raised; None when it returned.
-    error: Optional[str] = None
+    error: str | None = None
     # Seconds the body ran, or None when the process died without reporting.
-    wall_s: Optional[float] = None
+    wall_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,7 @@ def run_ranks(
     body: Callable[..., Any],
     *args: Any,
     device: str = "cpu",
-    env: Optional[dict[str, str]] = None,
+    env: dict[str, str] | None = None,
     timeout_s: float = 240.0,
     breaks_the_group: bool = False,
     restarts: bool = False,
@@ -102,13 +103,19 @@ def run_ranks(
     as TORCH_TRACE or a config knob, or nothing of ours run before the body).
     """
     if device == "cuda" and torch.cuda.device_count() < world_size:
-        raise unittest.SkipTest(f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}")
+        raise unittest.SkipTest(
+            f"needs {world_size} CUDA devices, found {torch.cuda.device_count()}"
+        )
     if breaks_the_group and under_torchrun():
         raise unittest.SkipTest("ends the job by design; runs self-spawned only")
     if restarts and under_torchrun():
-        raise unittest.SkipTest("restarts the job: needs fresh processes; runs self-spawned only")
+        raise unittest.SkipTest(
+            "restarts the job: needs fresh processes; runs self-spawned only"
+        )
     if fresh_processes and under_torchrun():
-        raise unittest.SkipTest("needs processes that start with its environment; runs self-spawned only")
+        raise unittest.SkipTest(
+            "needs processes that start with its environment; runs self-spawned only"
+        )
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             raise unittest.SkipTest(f"needs WORLD_SIZE={world_size}")
@@ -158,7 +165,11 @@ def _share_kernels(cache_dir: str, kernels: str) -> None:
 
 
 def _run_in_process(
-    world_size: int, body: Callable[..., Any], args: tuple, device: str, env: dict[str, str]
+    world_size: int,
+    body: Callable[..., Any],
+    args: tuple,
+    device: str,
+    env: dict[str, str],
 ) -> list[RankResult]:
     if not dist.is_initialized():
         _init(int(os.environ["RANK"]), world_size, "env://", device)
@@ -191,7 +202,18 @@ def _spawn(
     procs = [
         ctx.Process(
             target=_child,
-            args=(rank, world_size, port, device, env, _shared_kernels(), body, args, results, timeout_s),
+            args=(
+                rank,
+                world_size,
+                port,
+                device,
+                env,
+                _shared_kernels(),
+                body,
+                args,
+                results,
+                timeout_s,
+            ),
             daemon=True,
         )
         for rank in range(world_size)
@@ -206,7 +228,9 @@ def _spawn(
     collected: dict[int, RankResult] = {}
 
     def settled() -> bool:  # every rank reported or died
-        return all(rank in collected or not p.is_alive() for rank, p in enumerate(procs))
+        return all(
+            rank in collected or not p.is_alive() for rank, p in enumerate(procs)
+        )
 
     while not settled() and time.monotonic() < deadline:
         try:
@@ -229,7 +253,12 @@ def _spawn(
             p.kill()
             p.join()
     return [
-        collected.get(rank, RankResult(rank, error=f"rank died or hung (exit code {procs[rank].exitcode})"))
+        collected.get(
+            rank,
+            RankResult(
+                rank, error=f"rank died or hung (exit code {procs[rank].exitcode})"
+            ),
+        )
         for rank in range(world_size)
     ]
 
@@ -313,13 +342,19 @@ def _call(
     args: tuple,
     device: str,
 ) -> RankResult:
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device == "cuda"
+        else torch.device("cpu")
+    )
     start = time.monotonic()
     try:
         value = body(Rank(rank, world_size, dev, group), *args)
         return RankResult(rank, value=value, wall_s=time.monotonic() - start)
-    except Exception:  # noqa: BLE001 - reported to the test, which asserts on it
-        return RankResult(rank, error=traceback.format_exc(), wall_s=time.monotonic() - start)
+    except Exception:
+        return RankResult(
+            rank, error=traceback.format_exc(), wall_s=time.monotonic() - start
+        )
 
 
 def _free_port() -> int:
@@ -331,7 +366,10 @@ def _free_port() -> int:
 # The devices a test runs on, for ``common_utils.parametrize``: CUDA skips without GPUs.
 DEVICE_CASES = [
     "cpu",
-    subtest("cuda", decorators=[unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")]),
+    subtest(
+        "cuda",
+        decorators=[unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")],
+    ),
 ]
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 
 
 fc = torch.ops._c10d_functional
@@ -282,7 +285,9 @@ _register_dying_lowering()
 # -- implementations -------------------------------------------------------------------
 
 
-def all_reduce_then(name: str, wait_ms: str = "0", before: Callable | None = None) -> Callable:
+def all_reduce_then(
+    name: str, wait_ms: str = "0", before: Callable | None = None
+) -> Callable:
     """One all-reduce, optionally preceded by ``before(x)`` and followed by a delay."""
 
     def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
@@ -299,7 +304,10 @@ def slow_to_trace(name: str, wait_ms: str = "0") -> Callable:
     once per process, on the global rank CAT_TEST_SLOW_TRACE_RANK: a cold compile."""
 
     def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-        if os.environ.get("CAT_TEST_SLOW_TRACE_RANK") == str(dist.get_rank()) and not _slow_traced:
+        if (
+            os.environ.get("CAT_TEST_SLOW_TRACE_RANK") == str(dist.get_rank())
+            and not _slow_traced
+        ):
             _slow_traced.append(name)
             # The fault under test: a compile that outlasts the timeout (no event to wait for).
             time.sleep(float(os.environ["CAT_TEST_SLOW_TRACE_S"]))
@@ -313,7 +321,9 @@ def slow_to_trace(name: str, wait_ms: str = "0") -> Callable:
 _slow_traced: list[str] = []
 
 
-def reads_before_wait(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+def reads_before_wait(
+    x: torch.Tensor, group_name: str, delay_ms: str = "0"
+) -> torch.Tensor:
     """Upstream's own test implementation: an in-place all-reduce whose output is read
     without wait_tensor, i.e. before the communication finished."""
     out = x.clone()
@@ -327,7 +337,9 @@ def refuses_when_traced(name: str, ranks: str) -> Callable:
 
     def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
         if ranks == "all" or str(dist.get_rank()) in ranks.split(","):
-            raise NotImplementedError(f"{name} is not supported on rank {dist.get_rank()}")
+            raise NotImplementedError(
+                f"{name} is not supported on rank {dist.get_rank()}"
+            )
         return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
 
     impl.__name__ = name
@@ -339,7 +351,9 @@ def zeroes(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tenso
     return torch.zeros_like(x)
 
 
-def writes_into_input(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+def writes_into_input(
+    x: torch.Tensor, group_name: str, delay_ms: str = "0"
+) -> torch.Tensor:
     """The right sum, and fast, but left in its input too (the op declares no mutation)."""
     out = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
     x.copy_(out)
@@ -367,13 +381,21 @@ def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tenso
     return opaque_all_reduce(x, group_name)
 
 
-def chunked_all_reduce(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-    return torch.cat([fc.wait_tensor(fc.all_reduce(c, "sum", group_name)) for c in x.chunk(4)])
+def chunked_all_reduce(
+    x: torch.Tensor, group_name: str, delay_ms: str = "0"
+) -> torch.Tensor:
+    return torch.cat(
+        [fc.wait_tensor(fc.all_reduce(c, "sum", group_name)) for c in x.chunk(4)]
+    )
 
 
-def reduce_scatter_all_gather(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+def reduce_scatter_all_gather(
+    x: torch.Tensor, group_name: str, delay_ms: str = "0"
+) -> torch.Tensor:
     size = group_of(group_name).size()
-    shard = fc.wait_tensor(fc.reduce_scatter_tensor(x.reshape(-1), "sum", size, group_name))
+    shard = fc.wait_tensor(
+        fc.reduce_scatter_tensor(x.reshape(-1), "sum", size, group_name)
+    )
     return fc.wait_tensor(fc.all_gather_into_tensor(shard, size, group_name)).view_as(x)
 
 
@@ -386,7 +408,9 @@ def all_gather_by_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     # This rank's rows in place, zeros elsewhere, summed over the group.
     group = group_of(group_name)
     rows, rank = x.shape[0], dist.get_rank(group)
-    full = torch.nn.functional.pad(x, (0, 0, rank * rows, (group.size() - rank - 1) * rows))
+    full = torch.nn.functional.pad(
+        x, (0, 0, rank * rows, (group.size() - rank - 1) * rows)
+    )
     return fc.wait_tensor(fc.all_reduce(full, "sum", group_name))
 
 
@@ -399,7 +423,7 @@ def reduce_scatter_by_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tens
     group = group_of(group_name)
     rows = x.shape[0] // group.size()
     full = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
-    return full[dist.get_rank(group) * rows:(dist.get_rank(group) + 1) * rows].clone()
+    return full[dist.get_rank(group) * rows : (dist.get_rank(group) + 1) * rows].clone()
 
 
 def scale_by_mul(x: torch.Tensor) -> torch.Tensor:
@@ -456,7 +480,7 @@ def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 
 def register_balanced_and_skewed() -> None:
-    """"balanced": 10 units on every rank; "skewed": none on rank 0, 15 on the others.
+    """ "balanced": 10 units on every rank; "skewed": none on rank 0, 15 on the others.
     By the slowest rank balanced is faster, unless a busy host slows the ranks that
     work at once more than the one that works alone."""
     register_custom_op_autotuning(
@@ -472,15 +496,22 @@ def register_balanced_and_skewed() -> None:
 
 
 def register_all_reduce(*impls: Callable) -> None:
-    register_custom_op_autotuning(all_reduce, configs=[CustomOpConfig(f) for f in impls])
+    register_custom_op_autotuning(
+        all_reduce, configs=[CustomOpConfig(f) for f in impls]
+    )
 
 
 def register_standard_ops() -> None:
     """All-reduce, all-gather and reduce-scatter, each with genuinely different choices."""
-    register_all_reduce(all_reduce_then("one_all_reduce"), chunked_all_reduce, reduce_scatter_all_gather)
+    register_all_reduce(
+        all_reduce_then("one_all_reduce"), chunked_all_reduce, reduce_scatter_all_gather
+    )
     register_custom_op_autotuning(
         all_gather,
-        configs=[CustomOpConfig(all_gather_functional), CustomOpConfig(all_gather_by_all_reduce)],
+        configs=[
+            CustomOpConfig(all_gather_functional),
+            CustomOpConfig(all_gather_by_all_reduce),
+        ],
     )
     register_custom_op_autotuning(
         reduce_scatter,

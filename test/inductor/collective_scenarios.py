@@ -10,7 +10,6 @@ import datetime
 import unittest.mock
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -25,7 +24,10 @@ TIMEOUT_S = 4.0
 COMPILE_MARGIN_S = 60.0
 
 # Decisions on disk, compiled graphs not (unless a test turns them on).
-NO_GRAPH_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+NO_GRAPH_CACHES = {
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+}
 
 
 def patched_timeout(seconds: float = TIMEOUT_S):
@@ -33,11 +35,15 @@ def patched_timeout(seconds: float = TIMEOUT_S):
 
 
 def register_two_choices() -> None:
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather)
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather
+    )
 
 
 def decision_files(root: Path, rank: int) -> list[Path]:
-    return sorted((root / str(rank) / "collective_autotuning" / "decisions").glob("*.json"))
+    return sorted(
+        (root / str(rank) / "collective_autotuning" / "decisions").glob("*.json")
+    )
 
 
 # The points of the punctual ranks' session a late rank can wait for.
@@ -47,7 +53,7 @@ DECIDED = "decided"  # they left it decided, without the late rank (after the ti
 
 @contextlib.contextmanager
 def arriving_after(
-    r: Rank, late_ranks: Collection[int], tag: str, moment: Optional[str] = DECIDED
+    r: Rank, late_ranks: Collection[int], tag: str, moment: str | None = DECIDED
 ) -> Iterator[None]:
     """Each rank of ``late_ranks`` enters the block once every other rank of ``r``'s
     world reached ``moment`` (JOINED or DECIDED) of its first session in it; the others
@@ -85,11 +91,13 @@ def arriving_after(
         say(DECIDED)
         return decision
 
-    with unittest.mock.patch.object(collective_protocol.CollectiveSession, "agree", agree_and_say_so):
+    with unittest.mock.patch.object(
+        collective_protocol.CollectiveSession, "agree", agree_and_say_so
+    ):
         yield
 
 
-def arriving_after_the_decision(r: Rank, late_rank: Optional[int], tag: str):
+def arriving_after_the_decision(r: Rank, late_rank: int | None, tag: str):
     """Rank ``late_rank`` (None: no rank) enters the block once the other ranks'
     session has decided without it (they waited the timeout); the others at once."""
     return arriving_after(r, () if late_rank is None else (late_rank,), tag, DECIDED)

@@ -45,7 +45,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 MARKER = "NONCOLLECTIVE_PROBE "
 STATE_DIR = ".collective_autotuning_overlay"  # tools/overlay.py's STATE_DIR
@@ -98,15 +99,19 @@ class _PristineFinder(importlib.abc.MetaPathFinder):
 def install_pristine_finder() -> _PristineFinder:
     """Serve every module the overlay patched from its pristine copy. Must run before
     torch is imported (it asserts so)."""
-    assert "torch" not in sys.modules, "--pristine must take effect before torch is imported"
+    assert "torch" not in sys.modules, (
+        "--pristine must take effect before torch is imported"
+    )
     spec = importlib.util.find_spec("torch")  # a top-level package: found, not imported
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("no torch installed for this interpreter")
-    torch_dir = Path(list(spec.submodule_search_locations)[0]).resolve()
+    torch_dir = Path(next(iter(spec.submodule_search_locations))).resolve()
     state = torch_dir / STATE_DIR
     manifest_path = state / "manifest.json"
     if not manifest_path.is_file():
-        raise SystemExit(f"the overlay is not applied to {torch_dir}: no {manifest_path}")
+        raise SystemExit(
+            f"the overlay is not applied to {torch_dir}: no {manifest_path}"
+        )
     manifest = json.loads(manifest_path.read_text())
     site = torch_dir.parent
     modules: dict[str, tuple[Path, Path, bytes, bool]] = {}
@@ -171,16 +176,16 @@ os.environ.pop("TORCHINDUCTOR_MAX_AUTOTUNE", None)
 # the sleeps that make the winners clear.
 os.environ["OMP_NUM_THREADS"] = "1"
 
-import torch  # noqa: E402
-import torch._inductor.select_algorithm as select_algorithm  # noqa: E402
-from torch._dynamo.utils import counters  # noqa: E402
-from torch._functorch import aot_autograd  # noqa: E402
-from torch._inductor.kernel.custom_op import (  # noqa: E402
+import torch
+import torch._inductor.select_algorithm as select_algorithm
+from torch._dynamo.utils import counters
+from torch._functorch import aot_autograd
+from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.codegen.subgraph import SubgraphTemplate  # noqa: E402
-from torch._inductor.utils import fresh_cache, run_and_get_code  # noqa: E402
+from torch._inductor.codegen.subgraph import SubgraphTemplate
+from torch._inductor.utils import fresh_cache, run_and_get_code
 
 if FINDER is not None:
     for name in FINDER.modules:
@@ -256,7 +261,9 @@ def double_after_1ms(x: torch.Tensor) -> torch.Tensor:
 
 def double_needs_capability(x: torch.Tensor) -> torch.Tensor:
     # What a capability check does when the build lacks it: raise while traced.
-    raise NotImplementedError("double_needs_capability: this build lacks the capability")
+    raise NotImplementedError(
+        "double_needs_capability: this build lacks the capability"
+    )
 
 
 # -- scenarios ------------------------------------------------------------------------
@@ -265,7 +272,9 @@ def double_needs_capability(x: torch.Tensor) -> torch.Tensor:
 class Scenario:
     """``setup()`` registers the op and returns (fn, example calls, compile kwargs)."""
 
-    def __init__(self, name: str, setup: Callable[[], tuple[Callable, list[tuple], dict]]):
+    def __init__(
+        self, name: str, setup: Callable[[], tuple[Callable, list[tuple], dict]]
+    ):
         self.name = name
         self.setup = setup
 
@@ -298,7 +307,9 @@ def _pointwise_input() -> tuple[Callable, list[tuple], dict]:
 
 
 def _raises_while_traced() -> tuple[Callable, list[tuple], dict]:
-    op = _double_or_sleep("raises_while_traced", CustomOpConfig(double_needs_capability))
+    op = _double_or_sleep(
+        "raises_while_traced", CustomOpConfig(double_needs_capability)
+    )
     return (lambda x: op(x) + 1), [(torch.randn(64, 32),)], {"dynamic": False}
 
 
@@ -390,7 +401,9 @@ class _Recorder:
                 "failed": sorted(_choice_name(c) for c in timings if c not in finite),
                 "winner": None if winner is None else _choice_name(winner),
                 # How clear the win was (not compared: timings vary from run to run).
-                "margin": None if len(ranked) < 2 or ranked[0] <= 0 else ranked[1] / ranked[0],
+                "margin": None
+                if len(ranked) < 2 or ranked[0] <= 0
+                else ranked[1] / ranked[0],
                 "ms": {_choice_name(c): t for c, t in timings.items()},
             }
         )
@@ -440,13 +453,17 @@ def run_scenario(name: str) -> dict[str, Any]:
     # process of its own would.
     SubgraphTemplate.index_counter = itertools.count()
     aot_autograd.AOT_COUNTER = itertools.count()  # the generated code's "AOT ID"
-    original_benchmark_choice = select_algorithm.AlgorithmSelectorCache.__dict__["benchmark_choice"]
+    original_benchmark_choice = select_algorithm.AlgorithmSelectorCache.__dict__[
+        "benchmark_choice"
+    ]
 
     def benchmark_choice(cls, choice, autotune_args):
         recorder.benchmarked.append(_choice_name(choice))
         return original_benchmark_choice.__func__(cls, choice, autotune_args)
 
-    select_algorithm.AlgorithmSelectorCache.benchmark_choice = classmethod(benchmark_choice)
+    select_algorithm.AlgorithmSelectorCache.benchmark_choice = classmethod(
+        benchmark_choice
+    )
     cache_dirs = [os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")]
     try:
         with fresh_cache(dir=CACHE_ROOT):
@@ -473,19 +490,23 @@ def run_scenario(name: str) -> dict[str, Any]:
                     "shapes": [list(o.shape) for o, _ in outputs],
                 }
                 report["max_abs_diff"] = max(diffs)  # not compared: float noise
-            except Exception as e:  # noqa: BLE001 - reported
+            except Exception as e:
                 report["error"] = _error(e)
                 report["traceback_tail"] = traceback.format_exc()[-3000:]
             finally:
                 select_algorithm.clear_feedback_savers()
     finally:
-        select_algorithm.AlgorithmSelectorCache.benchmark_choice = original_benchmark_choice
+        select_algorithm.AlgorithmSelectorCache.benchmark_choice = (
+            original_benchmark_choice
+        )
     report["autotune_calls"] = recorder.calls
     report["autotune_call_count"] = len(recorder.calls)
     report["benchmarked"] = recorder.benchmarked
     report["winners"] = [c["winner"] for c in recorder.calls]
     report["counters"] = {
-        k: v for k, v in sorted(counters["inductor"].items()) if RELEVANT_COUNTER.search(k)
+        k: v
+        for k, v in sorted(counters["inductor"].items())
+        if RELEVANT_COUNTER.search(k)
     }
     return report
 
@@ -493,7 +514,9 @@ def run_scenario(name: str) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     names = [n for a in argv if not a.startswith("--") for n in a.split(",") if n]
     if not names or any(n not in SCENARIOS for n in names):
-        print(f"usage: noncollective_probe.py SCENARIO[,...] [--pristine]; scenarios: {', '.join(SCENARIOS)}")
+        print(
+            f"usage: noncollective_probe.py SCENARIO[,...] [--pristine]; scenarios: {', '.join(SCENARIOS)}"
+        )
         return 2
     results = {}
     for name in names:
@@ -513,7 +536,9 @@ def main(argv: list[str]) -> int:
     )
     if PRISTINE:
         # Upstream exactly: the overlay's modules are linked in, and nothing reached them.
-        assert not collective, f"pristine mode imported the overlay's modules: {collective}"
+        assert not collective, (
+            f"pristine mode imported the overlay's modules: {collective}"
+        )
         served = sorted(FINDER.served)
         unserved = sorted(set(FINDER.modules) - set(FINDER.served) - set(sys.modules))
     else:

@@ -14,7 +14,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -103,10 +103,17 @@ def _record_requests(rank: int) -> list[dict[str, Any]]:
 
     def recorded(self: StoreClient, fn: Any, *args: Any) -> Any:
         phase = getattr(self._phase, "value", None) or ""
-        entry = {"main": threading.current_thread() is threading.main_thread(), "op": fn.__name__}
+        entry = {
+            "main": threading.current_thread() is threading.main_thread(),
+            "op": fn.__name__,
+        }
         entry.update(phase=phase, start=time.time(), end=None)
         log.append(entry)
-        if rank == 0 and fn.__name__ == "wait" and phase.startswith("the vote on site/"):
+        if (
+            rank == 0
+            and fn.__name__ == "wait"
+            and phase.startswith("the vote on site/")
+        ):
             _say("waiting.0")
         try:
             return request(self, fn, *args)
@@ -117,13 +124,13 @@ def _record_requests(rank: int) -> list[dict[str, Any]]:
     return log
 
 
-def _store_lost(error: BaseException) -> Optional[BaseException]:
+def _store_lost(error: BaseException) -> BaseException | None:
     """The StoreLostError in ``error``'s chain (Inductor and Dynamo wrap what lowering
     raised), if any."""
     from torch._inductor.runtime.collective_protocol import StoreLostError
 
     seen: set[int] = set()
-    todo: list[Optional[BaseException]] = [error]
+    todo: list[BaseException | None] = [error]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
@@ -141,9 +148,11 @@ def _compile(size: int) -> dict[str, Any]:
     group = dist.group.WORLD.group_name
     began = time.time()
     try:
-        torch.compile(lambda x: ops.all_reduce(x, group), dynamic=False)(torch.ones(size, size))
+        torch.compile(lambda x: ops.all_reduce(x, group), dynamic=False)(
+            torch.ones(size, size)
+        )
         error = None
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
+    except Exception as e:
         error = e
     ended = time.time()
     lost = _store_lost(error) if error is not None else None
@@ -158,18 +167,24 @@ def _compile(size: int) -> dict[str, Any]:
 def rank_main(rank: int, port: int, moment: str) -> None:
     from torch._inductor.runtime import collective_protocol
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    store = dist.TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60)
+    )
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     requests = _record_requests(rank)
     held = {
         "waiting_in_a_vote": ops.all_reduce_then(
-            "held_when_lowered", before=lambda x: torch.ops.store_loss_test.held_when_lowered(x)
+            "held_when_lowered",
+            before=lambda x: torch.ops.store_loss_test.held_when_lowered(x),
         ),
         "benchmarking": ops.all_reduce_then(
             "held_when_run", before=lambda x: torch.ops.store_loss_test.held_when_run(x)
         ),
     }
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), held.get(moment, ops.reduce_scatter_all_gather))
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"),
+        held.get(moment, ops.reduce_scatter_all_gather),
+    )
     report: dict[str, Any] = {}
     if moment == "between_compiles":
         report["first"] = _compile(8)

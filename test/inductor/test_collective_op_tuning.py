@@ -43,7 +43,9 @@ from collective_harness import (
 def check_agreement(results, n_ops: int, world_size: int) -> list:
     """Every rank made ``n_ops`` identical, benchmarked decisions; returns rank 0's."""
     per_rank = assert_all_ok(results)
-    assert all(len(records) == n_ops for records in per_rank), [len(r) for r in per_rank]
+    assert all(len(records) == n_ops for records in per_rank), [
+        len(r) for r in per_rank
+    ]
     for records in per_rank[1:]:
         assert records == per_rank[0], "ranks disagree"
     for record in per_rank[0]:
@@ -52,7 +54,9 @@ def check_agreement(results, n_ops: int, world_size: int) -> list:
         assert all(t.status == "ok" for t in record.timings), record
         assert all(0 < t.min_us <= t.max_us < math.inf for t in record.timings), record
         # The slowest rank's quartiles (each one the largest over the ranks) bracket its median.
-        assert all(0 < t.low_us <= t.max_us <= t.high_us < math.inf for t in record.timings), record
+        assert all(
+            0 < t.low_us <= t.max_us <= t.high_us < math.inf for t in record.timings
+        ), record
         best = min(record.timings, key=lambda t: t.max_us)
         assert record.winner == best.name, record
     return per_rank[0]
@@ -85,7 +89,11 @@ def three_collectives_body(r: Rank) -> list:
         gathered = ops.all_gather(summed @ w, group)
         return ops.reduce_scatter(gathered @ w, group)
 
-    return compile_and_check(f, torch.randn(16, 32, device=r.device), torch.randn(32, 32, device=r.device) / 8)
+    return compile_and_check(
+        f,
+        torch.randn(16, 32, device=r.device),
+        torch.randn(32, 32, device=r.device) / 8,
+    )
 
 
 # -- 4 ranks, 5 ops ------------------------------------------------------------------------
@@ -168,7 +176,9 @@ def non_collective_body(r: Rank) -> dict:
     before = _store_requests()
     # Under torchrun this process ran other tests' sessions first: count what this one adds.
     member = collective_protocol._participant
-    joined_before, known_before = (len(member.joined), len(member.known)) if member else (0, 0)
+    joined_before, known_before = (
+        (len(member.joined), len(member.known)) if member else (0, 0)
+    )
 
     def f(x):
         return ops.scale(x) + 1
@@ -185,7 +195,8 @@ def non_collective_body(r: Rank) -> dict:
         "records": len(records),
         "sessions_joined": len(member.joined) - joined_before,
         "decisions_known": len(member.known) - known_before,
-        "store_requests_within_heartbeats": _store_requests() - before <= per_look * looks,
+        "store_requests_within_heartbeats": _store_requests() - before
+        <= per_look * looks,
         "autotuned": counters["inductor"]["select_algorithm_autotune"],
     }
 
@@ -212,14 +223,18 @@ def wrong_and_fast_body(r: Rank) -> list:
 
     ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), skips_the_reduction)
     group = r.group.group_name
-    return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+    )
 
 
 def deterministic_body(r: Rank) -> list:
     ops.register_standard_ops()
     group = r.group.group_name
     with torch._inductor.config.patch(deterministic=True):
-        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
 
 
 # -- real models: pointwise inputs, choices that fail while traced, upstream's knobs -------------
@@ -233,7 +248,11 @@ def pointwise_input_body(r: Rank) -> list:
     def f(x, w):
         return x + ops.all_reduce(torch.relu(x @ w), group)
 
-    return compile_and_check(f, torch.randn(16, 32, device=r.device), torch.randn(32, 32, device=r.device) / 8)
+    return compile_and_check(
+        f,
+        torch.randn(16, 32, device=r.device),
+        torch.randn(32, 32, device=r.device) / 8,
+    )
 
 
 def refused_when_traced_body(r: Rank, ranks: str) -> list:
@@ -243,11 +262,16 @@ def refused_when_traced_body(r: Rank, ranks: str) -> list:
         ops.reduce_scatter_all_gather,
     )
     group = r.group.group_name
-    return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+    )
 
 
 def threshold_body(r: Rank, threshold: float) -> list:
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     register_custom_op_autotuning(
         ops.all_reduce,
@@ -258,19 +282,29 @@ def threshold_body(r: Rank, threshold: float) -> list:
     with torch._inductor.config.patch(collective_benchmark_nruns=6):
         # The op's own implementation waits 12 ms after its all-reduce, "faster" 2 ms: at
         # most 6x faster, and still 1.2x with up to 48 ms of overhead per call on a busy host.
-        return compile_and_check(lambda x: ops.all_reduce(x, group, "12"), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, group, "12"), torch.randn(8, 8, device=r.device)
+        )
 
 
 def cudagraph_registration_body(r: Rank) -> list:
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     register_custom_op_autotuning(
         ops.all_reduce,
-        configs=[CustomOpConfig(ops.all_reduce_then("one_all_reduce")), CustomOpConfig(ops.chunked_all_reduce)],
+        configs=[
+            CustomOpConfig(ops.all_reduce_then("one_all_reduce")),
+            CustomOpConfig(ops.chunked_all_reduce),
+        ],
         benchmark_with_cudagraphs=True,
     )
     group = r.group.group_name
-    return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(64, 64, device=r.device))
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, group), torch.randn(64, 64, device=r.device)
+    )
 
 
 def switched_off_body(r: Rank) -> list:
@@ -284,10 +318,18 @@ def labelled_body(r: Rank) -> str:
     import logging
 
     from torch._inductor.kernel.collective.hooks import format_record
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     def chunked(x, group_name, delay_ms="0", chunks=2):
-        return torch.cat([ops.fc.wait_tensor(ops.fc.all_reduce(c, "sum", group_name)) for c in x.chunk(chunks)])
+        return torch.cat(
+            [
+                ops.fc.wait_tensor(ops.fc.all_reduce(c, "sum", group_name))
+                for c in x.chunk(chunks)
+            ]
+        )
 
     # Upstream passes the first config's arguments to the op's own implementation, so
     # the first config sets none.
@@ -307,7 +349,9 @@ def labelled_body(r: Rank) -> str:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        (record,) = compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+        (record,) = compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
     finally:
         logger.removeHandler(handler)
     return format_record(record) + "\n" + "\n".join(lines)
@@ -335,21 +379,32 @@ def accounted_body(r: Rank) -> dict:
     from torch._dynamo.utils import compilation_time_metrics
 
     ops.register_standard_ops()
-    (record,) = compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name) + 1, torch.randn(8, 8))
-    return {"record": record, "timed": [k for k in compilation_time_metrics if k.endswith("_collective_autotuning")]}
+    (record,) = compile_and_check(
+        lambda x: ops.all_reduce(x, r.group.group_name) + 1, torch.randn(8, 8)
+    )
+    return {
+        "record": record,
+        "timed": [
+            k for k in compilation_time_metrics if k.endswith("_collective_autotuning")
+        ],
+    }
 
 
 class TestCollectiveOpTuning(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
     @parametrize("device", DEVICE_CASES)
     @parametrize("world_size", [2, 4])
     def test_one_all_reduce_op(self, world_size, device):
-        (record,) = check_agreement(run_ranks(world_size, one_op_body, device=device), 1, world_size)
+        (record,) = check_agreement(
+            run_ranks(world_size, one_op_body, device=device), 1, world_size
+        )
         # the three registered implementations and the op's own, by readable names
         assert {t.name for t in record.timings} == {
             "chunked_all_reduce",
@@ -391,7 +446,14 @@ class TestCollectiveOpTuning(TestCase):
     )
     def test_slowest_rank_rule(self, world_size, uneven_ms, even_ms, device):
         (record,) = check_agreement(
-            run_ranks(world_size, slowest_rank_body, uneven_ms, str(even_ms), "20", device=device),
+            run_ranks(
+                world_size,
+                slowest_rank_body,
+                uneven_ms,
+                str(even_ms),
+                "20",
+                device=device,
+            ),
             1,
             world_size,
         )
@@ -406,7 +468,9 @@ class TestCollectiveOpTuning(TestCase):
         # itself is pinned by test_the_pick_compares_slowest_ranks; this test checks the
         # slowest rank's reading and the winner end to end.
         # Its slowest rank is slower than "even" is anywhere, so "even" wins.
-        assert uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
+        assert (
+            uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
+        )
         assert uneven.max_us > even.max_us
         assert record.winner == even.name
 
@@ -417,7 +481,10 @@ class TestCollectiveOpTuning(TestCase):
         from torch._inductor.kernel.collective.timing import pick
         from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 
-        timings = [ChoiceTiming("uneven", 12_000.0, 1_000.0, 1, "ok"), ChoiceTiming("even", 6_000.0, 5_500.0, 1, "ok")]
+        timings = [
+            ChoiceTiming("uneven", 12_000.0, 1_000.0, 1, "ok"),
+            ChoiceTiming("even", 6_000.0, 5_500.0, 1, "ok"),
+        ]
         assert pick(["uneven", "even"], timings, 1.0, None)[0] == "even"
 
     @parametrize("device", DEVICE_CASES)
@@ -431,7 +498,12 @@ class TestCollectiveOpTuning(TestCase):
     @parametrize("device", DEVICE_CASES)
     def test_non_collective_op_is_tuned_as_before(self, device):
         per_rank = assert_all_ok(
-            run_ranks(2, non_collective_body, device=device, env={"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")})
+            run_ranks(
+                2,
+                non_collective_body,
+                device=device,
+                env={"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")},
+            )
         )
         for result in per_rank:
             assert result == {
@@ -454,7 +526,9 @@ class TestCollectiveOpTuning(TestCase):
         from torch.fx.experimental.proxy_tensor import make_fx
 
         if under_torchrun():
-            self.skipTest("needs a process without torch.distributed; runs under plain pytest")
+            self.skipTest(
+                "needs a process without torch.distributed; runs under plain pytest"
+            )
         assert not dist.is_initialized()
         impl = ops.all_reduce_then("one_all_reduce")
         gm = make_fx(impl, tracing_mode="fake")(torch.randn(4, 4), "0", "0")
@@ -464,9 +538,16 @@ class TestCollectiveOpTuning(TestCase):
 
         choice = Choice()
         choice.gm = gm
-        with self.assertLogs("torch._inductor.kernel.collective.hooks", logging.WARNING) as caught:
+        with self.assertLogs(
+            "torch._inductor.kernel.collective.hooks", logging.WARNING
+        ) as caught:
             for _ in range(3):
-                assert detect_collective("all_reduce_autotuned", [choice], torch.ops.cat_test.all_reduce.default, [{}]) == (False, None)
+                assert detect_collective(
+                    "all_reduce_autotuned",
+                    [choice],
+                    torch.ops.cat_test.all_reduce.default,
+                    [{}],
+                ) == (False, None)
         warnings = [r for r in caught.records if "not initialised" in r.getMessage()]
         assert len(warnings) == 1
 
@@ -476,7 +557,10 @@ class TestCollectiveOpTuning(TestCase):
         (record,), (other,) = per_rank
         assert record == other
         status = {short(t.name): t.reason for t in record.timings}
-        assert "rejected: output differs from the reference" in status["skips_the_reduction"]
+        assert (
+            "rejected: output differs from the reference"
+            in status["skips_the_reduction"]
+        )
         assert short(record.winner) != "skips_the_reduction"
 
     def test_deterministic_mode_agrees_on_the_op_itself_untimed(self):
@@ -486,15 +570,23 @@ class TestCollectiveOpTuning(TestCase):
 
     @parametrize("device", DEVICE_CASES)
     def test_op_whose_input_is_a_fused_pointwise_expression(self, device):
-        (record,) = check_agreement(run_ranks(2, pointwise_input_body, device=device), 1, 2)
+        (record,) = check_agreement(
+            run_ranks(2, pointwise_input_body, device=device), 1, 2
+        )
         assert len(record.timings) == 4
 
     @parametrize("device", DEVICE_CASES)
     @parametrize("ranks", ["1", "all"])
     def test_choice_raising_while_traced_is_dropped_on_every_rank(self, ranks, device):
-        (a,), (b,) = assert_all_ok(run_ranks(2, refused_when_traced_body, ranks, device=device))
+        (a,), (b,) = assert_all_ok(
+            run_ranks(2, refused_when_traced_body, ranks, device=device)
+        )
         assert a == b and a.decision == "benchmark"
-        assert {t.name for t in a.timings} == {"one_all_reduce", "reduce_scatter_all_gather", "default"}
+        assert {t.name for t in a.timings} == {
+            "one_all_reduce",
+            "reduce_scatter_all_gather",
+            "default",
+        }
         # The reason names the choice, the rank and what it raised.
         assert "needs_capability" in a.reason and "group rank 1" in a.reason
         assert "NotImplementedError" in a.reason
@@ -509,7 +601,10 @@ class TestCollectiveOpTuning(TestCase):
 
         from torch._inductor.kernel.custom_op import register_custom_op_autotuning
 
-        if "min_speedup_threshold" not in inspect.signature(register_custom_op_autotuning).parameters:
+        if (
+            "min_speedup_threshold"
+            not in inspect.signature(register_custom_op_autotuning).parameters
+        ):
             self.skipTest("this torch has no min_speedup_threshold")
         (a,), (b,) = assert_all_ok(run_ranks(2, threshold_body, threshold))
         assert a == b and a.decision == "benchmark" and a.winner == expected, (a, b)
@@ -522,17 +617,26 @@ class TestCollectiveOpTuning(TestCase):
 
         from torch._inductor.kernel.custom_op import register_custom_op_autotuning
 
-        if "benchmark_with_cudagraphs" not in inspect.signature(register_custom_op_autotuning).parameters:
+        if (
+            "benchmark_with_cudagraphs"
+            not in inspect.signature(register_custom_op_autotuning).parameters
+        ):
             self.skipTest("this torch has no benchmark_with_cudagraphs")
-        (a,), (b,) = assert_all_ok(run_ranks(2, cudagraph_registration_body, device=device))
+        (a,), (b,) = assert_all_ok(
+            run_ranks(2, cudagraph_registration_body, device=device)
+        )
         assert a == b and a.decision == "benchmark"
         # CUDA graphs need CUDA: on the CPU the choices are timed eagerly, as the model runs.
         assert a.mode == ("graph" if device == "cuda" else "eager")
 
     @parametrize("device", DEVICE_CASES)
     def test_collective_autotuning_switched_off(self, device):
-        (record,), (other,) = assert_all_ok(run_ranks(2, switched_off_body, device=device))
-        assert record == other and record.winner == "default" and record.decision == "use"
+        (record,), (other,) = assert_all_ok(
+            run_ranks(2, switched_off_body, device=device)
+        )
+        assert (
+            record == other and record.winner == "default" and record.decision == "use"
+        )
         assert "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0" in record.reason
         assert record.session == "" and record.timings == ()  # no session at all
 
@@ -541,12 +645,18 @@ class TestCollectiveOpTuning(TestCase):
 
         env = {**os.environ, "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE": "0"}
         code = "import torch._inductor.config as c; print(c.collective_autotune)"
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+        )
         assert done.stdout.strip() == "False", done.stderr
 
     def test_tables_and_logs_name_choices_readably(self):
         text, _ = assert_all_ok(run_ranks(2, labelled_body))
-        assert "chunked(chunks=2)" in text and "chunked(chunks=4)" in text and "default" in text
+        assert (
+            "chunked(chunks=2)" in text
+            and "chunked(chunks=4)" in text
+            and "default" in text
+        )
         assert "its quartiles us" in text  # what "clearly faster" compares
         assert "_autotuned_" not in text and "group_name" not in text
 
@@ -563,16 +673,30 @@ class TestCollectiveOpTuning(TestCase):
 
     def test_each_decision_is_in_compile_metrics_and_a_tlparse_artifact(self):
         trace = self.tmp_path / "trace"
-        a, b = assert_all_ok(run_ranks(2, accounted_body, env={"TORCH_TRACE": str(trace)}, fresh_processes=True))
+        a, b = assert_all_ok(
+            run_ranks(
+                2, accounted_body, env={"TORCH_TRACE": str(trace)}, fresh_processes=True
+            )
+        )
         # dynamo_timed: counted in compile_time_autotune_time_us with Inductor's own tuning.
-        assert a["timed"] == b["timed"] == ["cat_test::all_reduce_autotuned_collective_autotuning"]
+        assert (
+            a["timed"]
+            == b["timed"]
+            == ["cat_test::all_reduce_autotuned_collective_autotuning"]
+        )
         # One artifact per decision in each rank's TORCH_TRACE log, as tlparse reads it.
         logs = sorted(trace.glob("*.log"))
         assert len(logs) == 2, logs
         for log in logs:
-            artifacts = [json.loads(line[line.index("] ") + 2:]) for line in log.read_text().splitlines()
-                         if '"collective_autotuning"' in line and line.startswith("V")]
-            assert len(artifacts) == 1 and artifacts[0]["artifact"]["name"] == "collective_autotuning"
+            artifacts = [
+                json.loads(line[line.index("] ") + 2 :])
+                for line in log.read_text().splitlines()
+                if '"collective_autotuning"' in line and line.startswith("V")
+            ]
+            assert (
+                len(artifacts) == 1
+                and artifacts[0]["artifact"]["name"] == "collective_autotuning"
+            )
         assert a["record"].key in "".join(log.read_text() for log in logs)
 
 

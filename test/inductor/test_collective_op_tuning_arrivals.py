@@ -15,7 +15,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -53,7 +52,9 @@ def late_rank_body(r: Rank, late_rank: int) -> list:
     register_two_choices()
     group = r.group.group_name
     with arriving_after_the_decision(r, late_rank, "late_rank"), patched_timeout():
-        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
 
 
 # -- a rank that never tunes this op -----------------------------------------------------
@@ -105,7 +106,10 @@ def two_groups_one_late_body(r: Rank) -> list:
     register_two_choices()
     # The second group starts once the first is in its session: both tune at once.
     with arriving_after(r, (2, 3), "two_groups", JOINED), patched_timeout():
-        return compile_and_check(lambda x: ops.all_reduce(x, mine.group_name), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, mine.group_name),
+            torch.randn(8, 8, device=r.device),
+        )
 
 
 # -- stress: 20 sessions, mixed arrivals ------------------------------------------------------------------
@@ -118,7 +122,7 @@ STRESS_TIMEOUT_S = 2.0
 ARRIVALS = (None, JOINED, DECIDED)
 
 
-def stress_arrivals(seed: int) -> list[tuple[int, Optional[str]]]:
+def stress_arrivals(seed: int) -> list[tuple[int, str | None]]:
     """Each session's late rank and when it arrives; the same on every rank."""
     rng = random.Random(seed)
     return [(rng.randrange(2), rng.choice(ARRIVALS)) for _ in range(STRESS_SESSIONS)]
@@ -131,7 +135,10 @@ def stress_body(r: Rank, seed: int) -> list:
     def fn(x):
         return ops.all_reduce(x, group) + 1
 
-    with patched_timeout(STRESS_TIMEOUT_S), torch._dynamo.config.patch(recompile_limit=64):
+    with (
+        patched_timeout(STRESS_TIMEOUT_S),
+        torch._dynamo.config.patch(recompile_limit=64),
+    ):
         for i, (late, moment) in enumerate(stress_arrivals(seed)):
             with arriving_after(r, (late,), f"stress/{i}", moment):
                 compile_and_check(fn, torch.randn(8 * (i + 1), 8, device=r.device))
@@ -147,8 +154,12 @@ def different_histories_body(r: Rank) -> list:
     if r.rank == 0:
         # Inductor numbers subgraph choices with a process-wide counter: this
         # compile, on rank 0 alone, shifts rank 0's numbers.
-        compile_and_check(lambda x: ops.scale(x) + 1, torch.randn(8, 8, device=r.device))
-    return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+        compile_and_check(
+            lambda x: ops.scale(x) + 1, torch.randn(8, 8, device=r.device)
+        )
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+    )
 
 
 # -- a rank that tuned an op alone does not stall or shift later sessions ---------------------------
@@ -163,7 +174,9 @@ def tuned_alone_body(r: Rank) -> dict:
     phases = {}
     with patched_timeout(2 * TIMEOUT_S):
         if r.rank == 0:
-            compile_and_check(lambda t: ops.all_reduce(t, group), x)  # alone: falls back
+            compile_and_check(
+                lambda t: ops.all_reduce(t, group), x
+            )  # alone: falls back
         else:
             ops.all_reduce(x, group)  # the eager calls that pair with rank 0's
             ops.all_reduce(x, group)
@@ -171,11 +184,15 @@ def tuned_alone_body(r: Rank) -> dict:
         # Both compile that op: the group decided it (rank 0's fallback), so neither
         # waits (rank 0 may even load the graph from its cache).
         torch._dynamo.reset()
-        member = collective_protocol._participant  # rank 1 has none yet: it only ran eager
+        member = (
+            collective_protocol._participant
+        )  # rank 1 has none yet: it only ran eager
         waited_before = member.waited_s if member is not None else 0.0
         phases["same"] = compile_and_check(lambda t: ops.all_reduce(t, group), x)
         # Every wait of the protocol in that compile, the sessions' and any other.
-        phases["same_waited_s"] = collective_protocol._participant.waited_s - waited_before
+        phases["same_waited_s"] = (
+            collective_protocol._participant.waited_s - waited_before
+        )
         # A new shape: the group meets in one session and tunes it together.
         torch._dynamo.reset()
         phases["new"] = compile_and_check(lambda t: ops.all_reduce(t, group) + 1, y)
@@ -192,18 +209,30 @@ SLOW_TRACE_S = 16.0
 
 def vote_after_body(r: Rank, works: bool) -> dict:
     """Rank 1 votes 3 s late, working (beating) meanwhile or silent; the timeout is 1 s."""
-    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError, CollectiveSession, participant
+    from torch._inductor.runtime.collective_protocol import (
+        CollectiveAutotuneError,
+        CollectiveSession,
+        participant,
+    )
 
     member = participant(1.0)
     session = CollectiveSession(
-        member, r.group.group_name, f"vote_after/{works}", r.rank, dist.get_process_group_ranks(r.group),
+        member,
+        r.group.group_name,
+        f"vote_after/{works}",
+        r.rank,
+        dist.get_process_group_ranks(r.group),
         timeout=1.0,
     )
     begin = time.monotonic()
     if r.rank == 1:
         # The fault under test: rank 1 stalls three timeouts before it votes (working
         # or silent meanwhile). Its length is the point; nothing to wait for instead.
-        with member.liveness.working("working on purpose") if works else contextlib.nullcontext():
+        with (
+            member.liveness.working("working on purpose")
+            if works
+            else contextlib.nullcontext()
+        ):
             time.sleep(3.0)
     try:
         session.vote("late", "ok")
@@ -221,13 +250,18 @@ def warm_cold_body(r: Rank) -> list:
         ops.all_reduce_then("another_all_reduce", "20"),
     )
     with patched_timeout(LIVENESS_TIMEOUT_S):
-        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name) + 1, torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, r.group.group_name) + 1,
+            torch.randn(8, 8, device=r.device),
+        )
 
 
 class TestArrivals(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
@@ -259,9 +293,10 @@ class TestArrivals(TestCase):
         assert first.keys() == second.keys() and len(first) == 2
         for key in first:
             assert first[key] == second[key] and first[key].winner == "default"
-        assert sorted(rec.waited_s > TIMEOUT_S * 0.9 for rec in [*first.values(), *second.values()]) == [
-            False, False, True, True
-        ]
+        assert sorted(
+            rec.waited_s > TIMEOUT_S * 0.9
+            for rec in [*first.values(), *second.values()]
+        ) == [False, False, True, True]
         assert max(r.wall_s for r in results) < 2 * TIMEOUT_S + COMPILE_MARGIN_S
 
     @parametrize("device", DEVICE_CASES)
@@ -274,13 +309,18 @@ class TestArrivals(TestCase):
         assert a0.waited_s < TIMEOUT_S and a1.waited_s < TIMEOUT_S
 
     def test_stress_twenty_sessions_with_mixed_arrivals(self):
-        assert set(moment for _, moment in stress_arrivals(7)) == set(ARRIVALS)  # every kind
+        assert {moment for _, moment in stress_arrivals(7)} == set(
+            ARRIVALS
+        )  # every kind
         results = run_ranks(2, stress_body, 7, timeout_s=600)
         a, b = assert_all_ok(results)  # zero hangs
         assert len(a) == len(b) == STRESS_SESSIONS
         assert a == b  # zero disagreements
         # Each session either timed its key with the whole group or fell back, for this job only.
-        assert all(rec.decision == "benchmark" or (rec.winner == "default" and rec.provisional) for rec in a), a
+        assert all(
+            rec.decision == "benchmark" or (rec.winner == "default" and rec.provisional)
+            for rec in a
+        ), a
         # A rank arriving after its peer decided finds a fallback.
         for rec, (_, moment) in zip(a, stress_arrivals(7)):
             if moment == DECIDED:
@@ -288,14 +328,20 @@ class TestArrivals(TestCase):
 
     @parametrize("device", DEVICE_CASES)
     def test_ranks_with_different_compile_histories_still_tune_together(self, device):
-        (a,), (b,) = assert_all_ok(run_ranks(2, different_histories_body, device=device))
+        (a,), (b,) = assert_all_ok(
+            run_ranks(2, different_histories_body, device=device)
+        )
         assert a == b and a.decision == "benchmark"
 
     @parametrize("device", DEVICE_CASES)
     def test_rank_that_tuned_alone_does_not_stall_later_sessions(self, device):
         first, second = assert_all_ok(run_ranks(2, tuned_alone_body, device=device))
         (alone,) = first["alone"]
-        assert alone.decision == "use" and alone.winner == "default" and second["alone"] == []
+        assert (
+            alone.decision == "use"
+            and alone.winner == "default"
+            and second["alone"] == []
+        )
         # Rank 1 follows the group's decision without a wait of its own.
         (same,) = second["same"]
         assert same.winner == "default" and same.waited_s < 1.0
@@ -311,18 +357,30 @@ class TestArrivals(TestCase):
         if works:
             assert early["error"] is None and early["s"] > 2.5
         else:
-            assert "late: group ranks [1] did not report and were silent for 1 s" in early["error"]
+            assert (
+                "late: group ranks [1] did not report and were silent for 1 s"
+                in early["error"]
+            )
             # Under torchrun, rank 1 beat in earlier tests: then it says where, long ago.
-            assert "group rank 1 never reported progress" in early["error"] or "group rank 1 was last heard" in early["error"]
+            assert (
+                "group rank 1 never reported progress" in early["error"]
+                or "group rank 1 was last heard" in early["error"]
+            )
             from torch.distributed._store_session import look_interval
 
             assert early["s"] < 1.0 + look_interval(1.0) + 0.25
 
     def test_a_cold_rank_compiling_longer_than_the_timeout_is_waited_for(self):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
-        (first,), _ = assert_all_ok(run_ranks(2, warm_cold_body, env=env, restarts=True))
+        (first,), _ = assert_all_ok(
+            run_ranks(2, warm_cold_body, env=env, restarts=True)
+        )
         shutil.rmtree(self.tmp_path / "1")  # rank 1 cold; rank 0 warm
-        slow = {**env, "CAT_TEST_SLOW_TRACE_RANK": "1", "CAT_TEST_SLOW_TRACE_S": str(SLOW_TRACE_S)}
+        slow = {
+            **env,
+            "CAT_TEST_SLOW_TRACE_RANK": "1",
+            "CAT_TEST_SLOW_TRACE_S": str(SLOW_TRACE_S),
+        }
         results = run_ranks(2, warm_cold_body, env=slow, restarts=True)
         (warm,), (cold,) = assert_all_ok(results)
         # The warm rank waited (its cache hit, then its votes) through the cold rank's

@@ -16,7 +16,7 @@ import contextlib
 import json
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -28,7 +28,9 @@ from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
 def balanced_or_skewed_body(r: Rank) -> list:
     ops.register_balanced_and_skewed()
     group = r.group.group_name
-    return compile_and_check(lambda x: ops.loaded_all_reduce(x, group) + 1, torch.randn(8, 8))
+    return compile_and_check(
+        lambda x: ops.loaded_all_reduce(x, group) + 1, torch.randn(8, 8)
+    )
 
 
 @contextlib.contextmanager
@@ -52,7 +54,9 @@ def one_job(root) -> object:
     """A fresh job on ``root``'s cache directories; rank 0's record, after checking that
     every rank decided alike and stored the same decision."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(root / "{rank}")}
-    per_rank = assert_all_ok(run_ranks(2, balanced_or_skewed_body, env=env, restarts=True))
+    per_rank = assert_all_ok(
+        run_ranks(2, balanced_or_skewed_body, env=env, restarts=True)
+    )
     (record,), (peer,) = per_rank
     assert record == peer, (record, peer)
     return record
@@ -85,27 +89,40 @@ class TestPicksUnderLoad(TestCase):
         self.assertEqual(record.provisional, entry["provisional"])
         return entry
 
-    def test_a_quiet_pick_is_settled_at_once_and_a_warm_restart_times_nothing(self) -> None:
+    def test_a_quiet_pick_is_settled_at_once_and_a_warm_restart_times_nothing(
+        self,
+    ) -> None:
         root = fresh_root()
         quiet = one_job(root)
         self.assertEqual(quiet.decision, "benchmark")
-        self.assertEqual(quiet.confidence.runner_up, "skewed" if quiet.winner == "balanced" else "balanced")
+        self.assertEqual(
+            quiet.confidence.runner_up,
+            "skewed" if quiet.winner == "balanced" else "balanced",
+        )
         entry = self.assert_kept_as_judged(root, quiet)
-        if busy_while_timed(quiet):  # this host was not quiet after all: not kept as settled
+        if busy_while_timed(
+            quiet
+        ):  # this host was not quiet after all: not kept as settled
             self.assertTrue(entry["provisional"])
             return
         self.assertEqual((quiet.winner, entry["provisional"]), ("balanced", False))
-        warm = one_job(root)  # the compiled graph and the decision are kept: nothing timed
+        warm = one_job(
+            root
+        )  # the compiled graph and the decision are kept: nothing timed
         self.assertEqual((warm.winner, warm.decision), ("balanced", "use"))
         self.assertIn(warm.source, ("cache", "disk"))
 
-    def test_a_pick_made_under_load_is_provisional_until_a_quiet_job_settles_it(self) -> None:
+    def test_a_pick_made_under_load_is_provisional_until_a_quiet_job_settles_it(
+        self,
+    ) -> None:
         root = fresh_root()
         with busy_host():
             loaded = one_job(root)
         entry = self.assert_kept_as_judged(root, loaded)
         # Either the right pick, or one that is not kept as settled.
-        self.assertTrue(loaded.winner == "balanced" or entry["provisional"], (loaded, entry))
+        self.assertTrue(
+            loaded.winner == "balanced" or entry["provisional"], (loaded, entry)
+        )
 
         after = one_job(root)
         if entry["provisional"]:
@@ -113,11 +130,14 @@ class TestPicksUnderLoad(TestCase):
             self.assertEqual(after.decision, "benchmark")
             self.assertIn("provisional", after.reason)
             self.assertEqual(
-                sorted(t.name for t in after.timings), sorted({entry["winner"], entry["runner_up"]})
+                sorted(t.name for t in after.timings),
+                sorted({entry["winner"], entry["runner_up"]}),
             )
         settled = self.assert_kept_as_judged(root, after)
         if after.confidence is not None and not busy_while_timed(after):
-            self.assertEqual((after.winner, settled["provisional"]), ("balanced", False))
+            self.assertEqual(
+                (after.winner, settled["provisional"]), ("balanced", False)
+            )
 
 
 if __name__ == "__main__":

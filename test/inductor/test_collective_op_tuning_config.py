@@ -35,9 +35,13 @@ from collective_scenarios import (
 
 
 def bad_config_body(r: Rank, patch: dict, group: str) -> None:
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.chunked_all_reduce)
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"), ops.chunked_all_reduce
+    )
     with torch._inductor.config.patch(patch):
-        compile_and_check(lambda x: ops.all_reduce(x, group or r.group.group_name), torch.randn(8, 8))
+        compile_and_check(
+            lambda x: ops.all_reduce(x, group or r.group.group_name), torch.randn(8, 8)
+        )
 
 
 # -- settings that differ between ranks ------------------------------------------------------------
@@ -48,8 +52,11 @@ def differing_knob_body(r: Rank, knob: str, values: tuple) -> dict:
     begin = time.monotonic()
     try:
         with patched_timeout(), torch._inductor.config.patch({knob: values[r.rank]}):
-            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
+            compile_and_check(
+                lambda x: ops.all_reduce(x, r.group.group_name),
+                torch.randn(8, 8, device=r.device),
+            )
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "s": time.monotonic() - begin}
     return {"error": None, "s": time.monotonic() - begin}
 
@@ -63,7 +70,10 @@ def switched_off_body(r: Rank) -> dict:
     register_two_choices()
     store = dist.distributed_c10d._get_default_store()
     keys = store.num_keys()
-    records = compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    records = compile_and_check(
+        lambda x: ops.all_reduce(x, r.group.group_name),
+        torch.randn(8, 8, device=r.device),
+    )
     dist.barrier()
     return {
         "records": records,
@@ -77,9 +87,21 @@ class TestConfiguration(TestCase):
     @parametrize(
         "patch,group,message",
         [
-            ({"collective_benchmark_timeout": 0}, "", "collective_benchmark_timeout=0: seconds, > 0"),
-            ({"collective_benchmark_nruns": 0}, "", "collective_benchmark_nruns=0: an int >= 1"),
-            ({"collective_benchmark_mode": "fast"}, "", "collective_benchmark_mode='fast'"),
+            (
+                {"collective_benchmark_timeout": 0},
+                "",
+                "collective_benchmark_timeout=0: seconds, > 0",
+            ),
+            (
+                {"collective_benchmark_nruns": 0},
+                "",
+                "collective_benchmark_nruns=0: an int >= 1",
+            ),
+            (
+                {"collective_benchmark_mode": "fast"},
+                "",
+                "collective_benchmark_mode='fast'",
+            ),
             ({}, "no_such_group", "names process group 'no_such_group'"),
         ],
     )
@@ -94,7 +116,10 @@ class TestConfiguration(TestCase):
         env = {"TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS": "many"}
         (result,) = run_ranks(1, bad_config_body, {}, "", env=env, fresh_processes=True)
         assert result.error is not None, result
-        assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS='many' is not a valid int" in result.error, result.error
+        assert (
+            "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS='many' is not a valid int"
+            in result.error
+        ), result.error
 
     @parametrize(
         "knob,values",
@@ -104,21 +129,34 @@ class TestConfiguration(TestCase):
             ("collective_benchmark_nruns", (3, 20)),
         ],
     )
-    def test_settings_that_differ_between_ranks_fail_every_rank_naming_the_variable(self, knob, values):
+    def test_settings_that_differ_between_ranks_fail_every_rank_naming_the_variable(
+        self, knob, values
+    ):
         results = assert_all_ok(run_ranks(2, differing_knob_body, knob, values))
         for result in results:
-            assert result["error"] is not None and "CollectiveAutotuneError" in result["error"], result
+            assert (
+                result["error"] is not None
+                and "CollectiveAutotuneError" in result["error"]
+            ), result
             assert f"TORCHINDUCTOR_{knob.upper()}" in result["error"], result["error"]
-            assert f"{values[0]!r} on group ranks [0]" in result["error"], result["error"]
+            assert f"{values[0]!r} on group ranks [0]" in result["error"], result[
+                "error"
+            ]
             assert result["s"] < COMPILE_MARGIN_S
 
     def test_switched_off_the_patch_uses_no_store_and_no_thread(self):
         off = {"TORCHINDUCTOR_COLLECTIVE_AUTOTUNE": "0"}
-        a, b = assert_all_ok(run_ranks(2, switched_off_body, env=off, fresh_processes=True))
+        a, b = assert_all_ok(
+            run_ranks(2, switched_off_body, env=off, fresh_processes=True)
+        )
         for result in (a, b):
             (record,) = result["records"]
             assert record.winner == "default" and record.session == ""
-            assert result["new_keys"] == 0 and not result["participant"] and result["threads"] == [], result
+            assert (
+                result["new_keys"] == 0
+                and not result["participant"]
+                and result["threads"] == []
+            ), result
 
 
 instantiate_parametrized_tests(TestConfiguration)

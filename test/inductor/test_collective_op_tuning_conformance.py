@@ -85,7 +85,10 @@ def _unwaited_sum_op(name: str, group: str):
 def equivalent_strategies_body(r: Rank, tag: str) -> dict:
     """Upstream's ``test_equivalent_allreduce_strategies``: sum, and avg times the world
     size, both in place and never waited for, as is the op's own implementation."""
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     group = _named_group(r, tag)
     world_size = r.world_size
@@ -118,7 +121,10 @@ def vllm_style_body(r: Rank, tag: str) -> dict:
     """Upstream's ``test_vllm_style_allreduce``: flatten, copy into a buffer, all-reduce
     it in place and reshape (vLLM's registered=False path), against a direct in-place
     all-reduce; neither waits."""
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     group = _named_group(r, tag)
 
@@ -153,7 +159,10 @@ def vllm_style_body(r: Rank, tag: str) -> dict:
 def own_reads_before_wait_body(r: Rank, tag: str) -> dict:
     """The op's own implementation reads the all-reduce's output before waiting, inside
     an opaque call that no wait from outside can mend: compiling it raises."""
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     group = _named_group(r, tag)
 
@@ -181,7 +190,10 @@ def own_reads_before_wait_body(r: Rank, tag: str) -> dict:
 def none_usable_body(r: Rank, tag: str) -> dict:
     """Every registered implementation fails while traced: the op's own is what is
     left, used without benchmarking, and right."""
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     group = _named_group(r, tag)
 
@@ -190,7 +202,9 @@ def none_usable_body(r: Rank, tag: str) -> dict:
     def needs_a_capability(x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("needs a capability this machine lacks")
 
-    register_custom_op_autotuning(none_usable, configs=[CustomOpConfig(needs_a_capability)])
+    register_custom_op_autotuning(
+        none_usable, configs=[CustomOpConfig(needs_a_capability)]
+    )
 
     class Model(torch.nn.Module):
         def forward(self, x):
@@ -213,7 +227,9 @@ def _same_everywhere(test: TestCase, outcomes: list[dict]) -> dict:
     for rank, outcome in enumerate(outcomes):
         test.assertTrue(outcome["shape_ok"], f"rank {rank}")
         test.assertLess(outcome["error"], 1e-3, f"rank {rank}: {outcome}")
-        test.assertEqual(outcome["records"], outcomes[0]["records"], f"rank {rank} disagrees")
+        test.assertEqual(
+            outcome["records"], outcomes[0]["records"], f"rank {rank} disagrees"
+        )
     return outcomes[0]
 
 
@@ -222,18 +238,26 @@ class TestUpstreamPatterns(TestCase):
 
     @parametrize("world_size", [2, 4])
     @parametrize("device", DEVICE_CASES)
-    def test_equivalent_allreduce_strategies(self, device: str, world_size: int) -> None:
+    def test_equivalent_allreduce_strategies(
+        self, device: str, world_size: int
+    ) -> None:
         tag = _tag("equiv", device, world_size)
         outcome = _same_everywhere(
             self,
-            assert_all_ok(run_ranks(world_size, equivalent_strategies_body, tag, device=device)),
+            assert_all_ok(
+                run_ranks(world_size, equivalent_strategies_body, tag, device=device)
+            ),
         )
         ((_, decision, winner, _),) = outcome["records"]
         # Both unwaited strategies are now benchmarked, beside the op's own.
         self.assertEqual(decision, "benchmark")
         self.assertEqual(
             outcome["timed"][0],
-            [("avg_allreduce_scaled", "ok"), ("default", "ok"), ("sum_allreduce", "ok")],
+            [
+                ("avg_allreduce_scaled", "ok"),
+                ("default", "ok"),
+                ("sum_allreduce", "ok"),
+            ],
         )
         self.assertIn(winner, {"avg_allreduce_scaled", "sum_allreduce", "default"})
 
@@ -242,7 +266,8 @@ class TestUpstreamPatterns(TestCase):
     def test_vllm_style_allreduce(self, device: str, world_size: int) -> None:
         tag = _tag("vllm", device, world_size)
         outcome = _same_everywhere(
-            self, assert_all_ok(run_ranks(world_size, vllm_style_body, tag, device=device))
+            self,
+            assert_all_ok(run_ranks(world_size, vllm_style_body, tag, device=device)),
         )
         ((_, decision, _, _),) = outcome["records"]
         self.assertEqual(decision, "benchmark")
@@ -252,7 +277,9 @@ class TestUpstreamPatterns(TestCase):
         )
 
     @parametrize("device", DEVICE_CASES)
-    def test_own_implementation_reading_before_wait_stops_every_rank(self, device: str) -> None:
+    def test_own_implementation_reading_before_wait_stops_every_rank(
+        self, device: str
+    ) -> None:
         tag = _tag("own_reads", device, 2)
         results = run_ranks(2, own_reads_before_wait_body, tag, device=device)
         for result in results:
@@ -265,7 +292,9 @@ class TestUpstreamPatterns(TestCase):
             )
 
     @parametrize("device", DEVICE_CASES)
-    def test_no_usable_choice_runs_the_ops_own_implementation(self, device: str) -> None:
+    def test_no_usable_choice_runs_the_ops_own_implementation(
+        self, device: str
+    ) -> None:
         tag = _tag("none_usable", device, 2)
         outcome = _same_everywhere(
             self, assert_all_ok(run_ranks(2, none_usable_body, tag, device=device))

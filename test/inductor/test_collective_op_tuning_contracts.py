@@ -34,7 +34,10 @@ class TestUpstreamContracts(TestCase):
     def test_the_contract_fails_once_upstream_breaks_it(self, contract):
         if why := not_checkable(contract):
             self.skipTest(why)
-        with contract.breaks(), self.assertRaisesRegex(ContractBroken, re.escape(contract.name)):
+        with (
+            contract.breaks(),
+            self.assertRaisesRegex(ContractBroken, re.escape(contract.name)),
+        ):
             contract.verify()
 
 

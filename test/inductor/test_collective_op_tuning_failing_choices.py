@@ -39,12 +39,16 @@ from collective_scenarios import (
 def unbuildable_body(r: Rank) -> list:
     ops.register_all_reduce(
         ops.all_reduce_then("one_all_reduce"),
-        ops.all_reduce_then("unbuildable", before=lambda x: ops.lowering_fails_on_rank(x, 1)),
+        ops.all_reduce_then(
+            "unbuildable", before=lambda x: ops.lowering_fails_on_rank(x, 1)
+        ),
         ops.reduce_scatter_all_gather,
     )
     group = r.group.group_name
     with patched_timeout(30.0):
-        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
 
 
 # -- a choice that raises at run time on one rank -------------------------------------------
@@ -61,7 +65,9 @@ def planted_fault_body(r: Rank, fault: str) -> list:
     )
     group = r.group.group_name
     with patched_timeout():
-        return compile_and_check(lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
 
 
 # -- a rank killed mid-session ------------------------------------------------------------------------
@@ -71,12 +77,17 @@ def dies_while_building_body(r: Rank, dying: int) -> dict:
     # Group rank ``dying`` dies while building its choices, once its peer waits for it.
     ops.register_all_reduce(
         ops.all_reduce_then("one_all_reduce"),
-        ops.all_reduce_then("dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, dying)),
+        ops.all_reduce_then(
+            "dies_when_built", before=lambda x: ops.dies_when_lowered_on_rank(x, dying)
+        ),
     )
     try:
         with patched_timeout():
-            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
+            compile_and_check(
+                lambda x: ops.all_reduce(x, r.group.group_name),
+                torch.randn(8, 8, device=r.device),
+            )
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "failed_at": time.time()}
     return {"error": None}
 
@@ -85,15 +96,22 @@ def dies_while_building_body(r: Rank, dying: int) -> dict:
 
 
 def reads_before_wait_body(r: Rank) -> list:
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reads_before_wait)
-    return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(64, 64, device=r.device))
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"), ops.reads_before_wait
+    )
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, r.group.group_name),
+        torch.randn(64, 64, device=r.device),
+    )
 
 
 def writes_input_body(r: Rank) -> list:
     ops.register_all_reduce(ops.writes_into_input, ops.all_reduce_then("slow", "20"))
     x = torch.randn(8, 8, device=r.device)
     before = x.clone()
-    records = compile_and_check(lambda t: ops.all_reduce(t, r.group.group_name, "12"), x)
+    records = compile_and_check(
+        lambda t: ops.all_reduce(t, r.group.group_name, "12"), x
+    )
     assert torch.equal(x, before), "the user's tensor changed"
     return records
 
@@ -103,19 +121,29 @@ def writes_input_body(r: Rank) -> list:
 
 def slow_everywhere_body(r: Rank) -> list:
     # Each call of "stuck" takes 6 s on every rank; the budget is 2 s per choice.
-    ops.register_all_reduce(ops.all_reduce_then("stuck", "6000"), ops.all_reduce_then("one_all_reduce"))
+    ops.register_all_reduce(
+        ops.all_reduce_then("stuck", "6000"), ops.all_reduce_then("one_all_reduce")
+    )
     with patched_timeout(2.0):
-        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, r.group.group_name),
+            torch.randn(8, 8, device=r.device),
+        )
 
 
 def slow_on_one_rank_body(r: Rank) -> dict:
     # "stuck" takes 8 s on rank 1 only: rank 0 gives up waiting for it in the next barrier.
-    ops.register_all_reduce(ops.all_reduce_then("stuck", "0,8000"), ops.all_reduce_then("one_all_reduce"))
+    ops.register_all_reduce(
+        ops.all_reduce_then("stuck", "0,8000"), ops.all_reduce_then("one_all_reduce")
+    )
     begin = time.monotonic()
     try:
         with patched_timeout(2.0):
-            compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
+            compile_and_check(
+                lambda x: ops.all_reduce(x, r.group.group_name),
+                torch.randn(8, 8, device=r.device),
+            )
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "s": time.monotonic() - begin}
     return {"error": None, "s": time.monotonic() - begin}
 
@@ -123,12 +151,16 @@ def slow_on_one_rank_body(r: Rank) -> dict:
 class TestFailingChoices(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
     @parametrize("device", DEVICE_CASES)
-    def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(self, device):
+    def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(
+        self, device
+    ):
         (a,), (b,) = assert_all_ok(run_ranks(2, unbuildable_body, device=device))
         assert a == b and a.decision == "benchmark"
         assert "dropped unbuildable (group rank 1: does not build" in a.reason
@@ -139,44 +171,77 @@ class TestFailingChoices(TestCase):
         }
 
     @parametrize("device", DEVICE_CASES)
-    def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(self, device):
-        results = run_ranks(2, planted_fault_body, "raises", device=device, breaks_the_group=True)
+    def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(
+        self, device
+    ):
+        results = run_ranks(
+            2, planted_fault_body, "raises", device=device, breaks_the_group=True
+        )
         for result in results:
-            assert result.error is not None, f"rank {result.rank} went on: {result.value}"
+            assert result.error is not None, (
+                f"rank {result.rank} went on: {result.value}"
+            )
             assert "CollectiveAutotuneError" in result.error
             assert "raises" in result.error, result.error  # the choice
-            assert "planted failure on rank 1" in result.error, result.error  # the failing rank's report
+            assert "planted failure on rank 1" in result.error, (
+                result.error
+            )  # the failing rank's report
             assert result.wall_s < 2 * TIMEOUT_S + COMPILE_MARGIN_S
 
     @parametrize("device", DEVICE_CASES)
     def test_rank_killed_mid_session(self, device):
-        survivor, dead = run_ranks(2, planted_fault_body, "dies", device=device, breaks_the_group=True)
+        survivor, dead = run_ranks(
+            2, planted_fault_body, "dies", device=device, breaks_the_group=True
+        )
         assert dead.wall_s is None  # it never reported
-        assert survivor.error is not None and "CollectiveAutotuneError" in survivor.error
+        assert (
+            survivor.error is not None and "CollectiveAutotuneError" in survivor.error
+        )
         assert "dies" in survivor.error, survivor.error  # the choice it was running
         assert survivor.wall_s < 2 * TIMEOUT_S + COMPILE_MARGIN_S
 
-    def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout(self):
+    def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout(
+        self,
+    ):
         death = self.tmp_path / "died_at"
         survivor, dead = run_ranks(
-            2, dies_while_building_body, 1, env={"CAT_TEST_DEATH_FILE": str(death)}, breaks_the_group=True
+            2,
+            dies_while_building_body,
+            1,
+            env={"CAT_TEST_DEATH_FILE": str(death)},
+            breaks_the_group=True,
         )
         assert dead.wall_s is None  # it never reported
         assert survivor.ok and survivor.value["error"] is not None, survivor
         error = survivor.value["error"]
         # Nothing stored: the ranks build the site's choices before its one vote, which waits.
-        assert "CollectiveAutotuneError: site/" in error and ": group ranks [1] did not report" in error, error
-        assert "group rank 1 was last heard" in error and "compiling the choices of site/" in error, error
+        assert (
+            "CollectiveAutotuneError: site/" in error
+            and ": group ranks [1] did not report" in error
+        ), error
+        assert (
+            "group rank 1 was last heard" in error
+            and "compiling the choices of site/" in error
+        ), error
         from torch.distributed._store_session import look_interval
 
         # Within the timeout and one look interval of silence (see the docs' fault table).
-        assert survivor.value["failed_at"] - float(death.read_text()) < TIMEOUT_S + look_interval(TIMEOUT_S) + 2.0
+        assert (
+            survivor.value["failed_at"] - float(death.read_text())
+            < TIMEOUT_S + look_interval(TIMEOUT_S) + 2.0
+        )
 
-    def test_a_choice_reading_a_collective_before_waiting_is_waited_for_and_timed_on_every_rank(self):
-        (a,), (b,) = assert_all_ok(run_ranks(2, reads_before_wait_body))  # compiled == eager
+    def test_a_choice_reading_a_collective_before_waiting_is_waited_for_and_timed_on_every_rank(
+        self,
+    ):
+        (a,), (b,) = assert_all_ok(
+            run_ranks(2, reads_before_wait_body)
+        )  # compiled == eager
         assert a == b  # the same decision, and the same words, on every rank
         assert a.decision == "benchmark", a
-        assert {short(t.name): t.status for t in a.timings}["reads_before_wait"] == "ok", a
+        assert {short(t.name): t.status for t in a.timings}[
+            "reads_before_wait"
+        ] == "ok", a
 
     def test_a_screen_rejection_names_each_rank_and_its_error(self):
         from torch._inductor.runtime.collective_benchmarking import _rejection
@@ -187,7 +252,10 @@ class TestFailingChoices(TestCase):
             f"rejected by group ranks [0] (group rank 0: {wrong}), accepted by group ranks [1]: a "
             "result that differs between ranks suggests it reads data before a collective completed"
         )
-        assert _rejection([wrong, wrong]) == f"rejected by every rank: group rank 0: {wrong}; group rank 1: {wrong}"
+        assert (
+            _rejection([wrong, wrong])
+            == f"rejected by every rank: group rank 0: {wrong}; group rank 1: {wrong}"
+        )
 
     def test_a_choice_that_writes_into_its_input_is_dropped(self):
         (a,), (b,) = assert_all_ok(run_ranks(2, writes_input_body))
@@ -200,7 +268,11 @@ class TestFailingChoices(TestCase):
         assert "writes_into_input" not in {t.name for t in a.timings}
 
     def test_the_screen_rejects_a_call_that_wrote_into_an_input(self):
-        from torch._inductor.runtime.collective_benchmarking import _verdict, ScreenInputs, Verdict
+        from torch._inductor.runtime.collective_benchmarking import (
+            _verdict,
+            ScreenInputs,
+            Verdict,
+        )
 
         x = torch.ones(4)
         inputs = ScreenInputs([x])
@@ -223,9 +295,14 @@ class TestFailingChoices(TestCase):
         assert max(r.wall_s for r in results) < 6.0 + COMPILE_MARGIN_S
 
     def test_a_choice_stuck_on_one_rank_stops_every_rank_clearly(self):
-        fast, stuck = assert_all_ok(run_ranks(2, slow_on_one_rank_body, breaks_the_group=True))
+        fast, stuck = assert_all_ok(
+            run_ranks(2, slow_on_one_rank_body, breaks_the_group=True)
+        )
         for result in (fast, stuck):
-            assert result["error"] is not None and "CollectiveAutotuneError" in result["error"], result
+            assert (
+                result["error"] is not None
+                and "CollectiveAutotuneError" in result["error"]
+            ), result
         # The stuck rank learns it when its call returns, at once.
         assert "stopped on every rank of the group" in stuck["error"], stuck["error"]
         assert stuck["s"] < 8.0 + COMPILE_MARGIN_S

@@ -26,22 +26,35 @@ from torch.testing._internal.common_utils import (
 )
 
 import collective_ops as ops
-from collective_harness import assert_all_ok, compile_and_check, DEVICE_CASES, Rank, run_ranks
+from collective_harness import (
+    assert_all_ok,
+    compile_and_check,
+    DEVICE_CASES,
+    Rank,
+    run_ranks,
+)
 
 
 LAYERS = 6
 # Decisions on disk, but compiled graphs not: a restart must tune or reuse them alone.
-NO_GRAPH_CACHES = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+NO_GRAPH_CACHES = {
+    "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+}
 
 
 def register_two_choices() -> None:
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather)
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather
+    )
 
 
 def stack(group: str, layers: int, device: torch.device):
     """x + all_reduce(x @ w) per layer: one all-reduce op, one key, ``layers`` sites."""
     gen = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(16, 16, generator=gen) / 8).to(device) for _ in range(layers)]
+    weights = [
+        (torch.randn(16, 16, generator=gen) / 8).to(device) for _ in range(layers)
+    ]
 
     def f(x):
         for w in weights:
@@ -56,7 +69,9 @@ def stack(group: str, layers: int, device: torch.device):
 
 def layers_body(r: Rank) -> list:
     register_two_choices()
-    return compile_and_check(stack(r.group.group_name, LAYERS, r.device), torch.randn(8, 16, device=r.device))
+    return compile_and_check(
+        stack(r.group.group_name, LAYERS, r.device), torch.randn(8, 16, device=r.device)
+    )
 
 
 def two_graphs_body(r: Rank) -> dict:
@@ -74,7 +89,9 @@ def neighbours_body(r: Rank) -> list:
     group = r.group.group_name
 
     def f(x):
-        fused = ops.all_reduce(torch.relu(x), group) * 2  # a pointwise producer and user
+        fused = (
+            ops.all_reduce(torch.relu(x), group) * 2
+        )  # a pointwise producer and user
         alone = ops.all_reduce(x, group)  # a graph input, returned
         return fused, alone
 
@@ -86,11 +103,16 @@ def neighbours_body(r: Rank) -> list:
 
 def one_site_body(r: Rank) -> list:
     register_two_choices()
-    return compile_and_check(lambda t: ops.all_reduce(t, r.group.group_name) + 1, torch.randn(8, 16, device=r.device))
+    return compile_and_check(
+        lambda t: ops.all_reduce(t, r.group.group_name) + 1,
+        torch.randn(8, 16, device=r.device),
+    )
 
 
 def decision_files(root: Path, rank: int) -> list[Path]:
-    return sorted((root / str(rank) / "collective_autotuning" / "decisions").glob("*.json"))
+    return sorted(
+        (root / str(rank) / "collective_autotuning" / "decisions").glob("*.json")
+    )
 
 
 def restart(root: Path, **env: str) -> list:
@@ -107,7 +129,9 @@ def restart(root: Path, **env: str) -> list:
 def cached_body(r: Rank) -> dict:
     register_two_choices()
     counters.clear()
-    records = compile_and_check(stack(r.group.group_name, 3, r.device), torch.randn(8, 16, device=r.device))
+    records = compile_and_check(
+        stack(r.group.group_name, 3, r.device), torch.randn(8, 16, device=r.device)
+    )
     return {
         "records": records,
         "fx_hits": counters["inductor"]["fxgraph_cache_hit"],
@@ -118,7 +142,9 @@ def cached_body(r: Rank) -> dict:
 # -- dynamic sizes: one compile, the right implementation at every size ---------------------------
 
 
-def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: str = "12") -> dict:
+def sized_calls_body(
+    r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: str = "12"
+) -> dict:
     """One dynamic compile of the all-reduce (its own implementation waits ``own_ms``),
     alone or in a stack of ``layers`` layers ``x + all_reduce(relu(x @ w))``, then a call
     at each of ``rows``: which registered choices ran, compiles, the records, and how
@@ -155,9 +181,12 @@ def sized_calls_body(r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: st
         "frames": counter.frame_count,
         "records": collective_autotune_records()[start:],
         "builds": counters["inductor"]["collective_autotune_range_builds"] - builds,
-        "dispatch_traces": counters["inductor"]["collective_autotune_dispatch_traces"] - dispatch_traces,
+        "dispatch_traces": counters["inductor"]["collective_autotune_dispatch_traces"]
+        - dispatch_traces,
         # How many of this compile's decisions were recorded at each trace of per_row_cost.
-        "per_row_cost_traced_at": [n - start for n in ops.traced_at.get("per_row_cost", ()) if n >= start],
+        "per_row_cost_traced_at": [
+            n - start for n in ops.traced_at.get("per_row_cost", ()) if n >= start
+        ],
     }
 
 
@@ -176,13 +205,18 @@ def mixed_winners_body(r: Rank) -> dict:
         return sized_calls_body(r, (2, 30, 100), layers=4)
 
 
-def mixed_winner_layers(r: Rank, layers: int, trainable: bool = False) -> tuple[Any, list[torch.Tensor]]:
+def mixed_winner_layers(
+    r: Rank, layers: int, trainable: bool = False
+) -> tuple[Any, list[torch.Tensor]]:
     """``layers`` layers ``x + all_reduce(relu(x @ w))`` whose all-reduce's winner changes
     twice with the token count: an inlined one (per_row_cost) up to a few rows, an opaque
     op next, the op's own (12 ms) for the largest; the model and its weights."""
     ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
     group = r.group.group_name
-    weights = [(torch.eye(4, device=r.device) / 2).requires_grad_(trainable) for _ in range(layers)]
+    weights = [
+        (torch.eye(4, device=r.device) / 2).requires_grad_(trainable)
+        for _ in range(layers)
+    ]
 
     def model(x):
         for w in weights:
@@ -212,16 +246,23 @@ def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
     sites = counters["inductor"]["collective_autotune_range_graph_sites"]
     dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
     with torch._inductor.config.patch(
-        collective_autotune_dynamic_max=256, collective_autotune_range_graphs=range_graphs
+        collective_autotune_dynamic_max=256,
+        collective_autotune_range_graphs=range_graphs,
     ):
         for n in (8, 2, 30, 100):
             x = torch.randn(n, 4, device=r.device)
-            torch.testing.assert_close(gradients(compiled, x), gradients(model, x), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                gradients(compiled, x), gradients(model, x), rtol=1e-4, atol=1e-4
+            )
     return {
         "frames": counter.frame_count,
         "records": collective_autotune_records()[start:],
-        "range_graph_sites": counters["inductor"]["collective_autotune_range_graph_sites"] - sites,
-        "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
+        "range_graph_sites": counters["inductor"][
+            "collective_autotune_range_graph_sites"
+        ]
+        - sites,
+        "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"]
+        - dispatches,
     }
 
 
@@ -244,7 +285,10 @@ def assert_each_size_ran_its_winner(a: dict, b: dict, device: str) -> None:
 
 
 def split_points_body(r: Rank) -> dict:
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     # The user's own ranges: [1, 4], [5, 32], [33, inf) timed at 64 rows.
     register_custom_op_autotuning(
@@ -266,14 +310,19 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
     call, what compiled, what ran, and the records it made."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
+
     model, _ = mixed_winner_layers(r, 4)
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
     dynamo = {"error_on_recompile": True} if forbid == "error_on_recompile" else {}
     calls = []
-    with torch._inductor.config.patch(
-        collective_autotune_dynamic_max=256, collective_autotune_range_graphs=range_graphs
-    ), torch._dynamo.config.patch(dynamo):
+    with (
+        torch._inductor.config.patch(
+            collective_autotune_dynamic_max=256,
+            collective_autotune_range_graphs=range_graphs,
+        ),
+        torch._dynamo.config.patch(dynamo),
+    ):
         # (not 1: Dynamo compiles a graph of its own for a size of 1)
         for n in (8, 2, 30, 100, 3, 20, 8, 2, 30, 100):
             start, frames = len(collective_autotune_records()), counter.frame_count
@@ -281,7 +330,9 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
             hits = counters["inductor"]["fxgraph_cache_hit"]
             x = torch.randn(n, 4, device=r.device)
-            compiled(x)  # compiles where its range has no graph yet (and benchmarks, the first)
+            compiled(
+                x
+            )  # compiles where its range has no graph yet (and benchmarks, the first)
             compiles = counter.frame_count - frames
             ops.ran.clear()
             out = compiled(x)
@@ -292,8 +343,14 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
                     "ran": sorted({t for t in ops.ran if t != "default"}),
                     "compiled": compiles,
                     "records": collective_autotune_records()[start:],
-                    "guarded_sites": counters["inductor"]["collective_autotune_range_graph_sites"] - guards,
-                    "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
+                    "guarded_sites": counters["inductor"][
+                        "collective_autotune_range_graph_sites"
+                    ]
+                    - guards,
+                    "dispatching_sites": counters["inductor"][
+                        "collective_autotune_size_dispatches"
+                    ]
+                    - dispatches,
                     "fx_cache_hits": counters["inductor"]["fxgraph_cache_hit"] - hits,
                 }
             )
@@ -303,7 +360,9 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
 def cells_of(records) -> list[tuple[float, str]]:
     """(top, winner) of each range where the winner changes, in size order: the cells a
     range graph is compiled for."""
-    ranges = sorted((range_bounds(rec.op.rsplit("_range_", 1)[1]), rec.winner) for rec in records)
+    ranges = sorted(
+        (range_bounds(rec.op.rsplit("_range_", 1)[1]), rec.winner) for rec in records
+    )
     cells: list[tuple[float, str]] = []
     for (_, high), winner in ranges:
         if cells and cells[-1][1] == winner:
@@ -316,19 +375,26 @@ def cells_of(records) -> list[tuple[float, str]]:
 class TestGraphSessions(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
     @parametrize("device", DEVICE_CASES)
-    def test_every_site_of_a_key_in_a_graph_inlines_one_benchmarked_winner(self, device):
+    def test_every_site_of_a_key_in_a_graph_inlines_one_benchmarked_winner(
+        self, device
+    ):
         per_rank = assert_all_ok(run_ranks(2, layers_body, device=device))
         assert per_rank[0] == per_rank[1]
         records = per_rank[0]
         assert len(records) == LAYERS
         assert [r.source for r in records] == ["benchmark"] + ["job"] * (LAYERS - 1)
         assert len({r.winner for r in records}) == 1
-        assert len({r.session for r in records}) == 1 and len({r.key for r in records}) == 1
+        assert (
+            len({r.session for r in records}) == 1
+            and len({r.key for r in records}) == 1
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_a_later_graph_reuses_the_group_decision_without_benchmarking(self, device):
@@ -336,7 +402,9 @@ class TestGraphSessions(TestCase):
         assert a == b
         (second,) = a["second"]
         assert a["first"][0].source == "benchmark"
-        assert second.source == "job" and second.decision == "use" and second.timings == ()
+        assert (
+            second.source == "job" and second.decision == "use" and second.timings == ()
+        )
         assert second.winner == a["first"][0].winner and second.key == a["first"][0].key
         assert second.session != a["first"][0].session  # another graph, its own session
 
@@ -353,9 +421,17 @@ class TestGraphSessions(TestCase):
     def test_a_restart_reuses_the_decision_every_rank_stored(self):
         first = restart(self.tmp_path)
         assert first.source == "benchmark"
-        assert len(decision_files(self.tmp_path, 0)) == len(decision_files(self.tmp_path, 1)) == 1
+        assert (
+            len(decision_files(self.tmp_path, 0))
+            == len(decision_files(self.tmp_path, 1))
+            == 1
+        )
         again = restart(self.tmp_path)
-        assert again.source == "disk" and again.decision == "use" and again.winner == first.winner
+        assert (
+            again.source == "disk"
+            and again.decision == "use"
+            and again.winner == first.winner
+        )
         assert again.key == first.key and again.timings == ()
 
     def test_a_corrupt_or_foreign_entry_is_a_miss_and_the_group_tunes_afresh(self):
@@ -372,22 +448,34 @@ class TestGraphSessions(TestCase):
 
     def test_retune_and_persist_knobs(self):
         restart(self.tmp_path)
-        assert restart(self.tmp_path, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RETUNE="1").source == "benchmark"
+        assert (
+            restart(self.tmp_path, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RETUNE="1").source
+            == "benchmark"
+        )
         fresh = self.tmp_path / "fresh"
-        assert restart(fresh, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST="0").source == "benchmark"
+        assert (
+            restart(fresh, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST="0").source
+            == "benchmark"
+        )
         assert decision_files(fresh, 0) == [] and decision_files(fresh, 1) == []
         assert restart(fresh).source == "benchmark"
 
     @parametrize("device", DEVICE_CASES)
     def test_warm_restart_loads_every_graph_from_the_caches(self, device):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
-        cold = assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
-        warm = assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
+        cold = assert_all_ok(
+            run_ranks(2, cached_body, device=device, env=env, restarts=True)
+        )
+        warm = assert_all_ok(
+            run_ranks(2, cached_body, device=device, env=env, restarts=True)
+        )
         winner = cold[0]["records"][0].winner
         assert cold[0]["records"] == cold[1]["records"]
         for rank in warm:
             assert rank["fx_hits"] + rank["aot_hits"] > 0
-            assert all(r.source == "cache" and r.winner == winner for r in rank["records"])
+            assert all(
+                r.source == "cache" and r.winner == winner for r in rank["records"]
+            )
             assert not any(r.decision == "benchmark" for r in rank["records"])
 
     @parametrize("device", DEVICE_CASES)
@@ -395,13 +483,17 @@ class TestGraphSessions(TestCase):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
         assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
         shutil.rmtree(self.tmp_path / "1")  # rank 1 cold: graphs and decisions gone
-        warm, cold = assert_all_ok(run_ranks(2, cached_body, device=device, env=env, restarts=True))
+        warm, cold = assert_all_ok(
+            run_ranks(2, cached_body, device=device, env=env, restarts=True)
+        )
         # The warm rank's hit became a miss: both compiled and tuned together.
         assert warm["fx_hits"] == 0
         assert warm["records"] == cold["records"]
         assert warm["records"][0].source == "benchmark"
 
-    def test_a_cached_graph_is_used_only_in_the_environment_its_decisions_were_made_in(self):
+    def test_a_cached_graph_is_used_only_in_the_environment_its_decisions_were_made_in(
+        self,
+    ):
         # One cache dir for every rank and run, as on one host: tuned on 4 ranks, then
         # started on 2 (another tensor-parallel size), then on 2 again.
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path)}
@@ -412,19 +504,25 @@ class TestGraphSessions(TestCase):
         # The graph compiled for 4 ranks is a miss on 2: both ranks tune for 2.
         assert two[0]["records"] == two[1]["records"]
         assert two[0]["fx_hits"] == two[1]["fx_hits"] == 0
-        assert two[0]["records"][0].source == "benchmark" and two[0]["records"][0].group_ranks == (0, 1)
+        assert two[0]["records"][0].source == "benchmark" and two[0]["records"][
+            0
+        ].group_ranks == (0, 1)
         # The next 2-rank run uses what the first kept (its graph, or its stored
         # decision where the cache offers the 4-rank graph first), without tuning; unless
         # the first timed it on a host it measured busy (provisional): then it times again.
         assert again[0]["records"] == again[1]["records"]
         if two[0]["records"][0].provisional:
-            assert "provisional" in again[0]["records"][0].reason, again[0]["records"][0]
+            assert "provisional" in again[0]["records"][0].reason, again[0]["records"][
+                0
+            ]
             return
         assert {r.source for r in again[0]["records"]} <= {"cache", "disk", "job"}
         assert all(r.winner == two[0]["records"][0].winner for r in again[0]["records"])
 
     @parametrize("device", DEVICE_CASES)
-    def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(self, device):
+    def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(
+        self, device
+    ):
         a, b = assert_all_ok(run_ranks(2, dynamic_body, device=device, timeout_s=150))
         assert_each_size_ran_its_winner(a, b, device)
         # The range between two ranges that agree was not timed.
@@ -432,24 +530,43 @@ class TestGraphSessions(TestCase):
         assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
 
     @parametrize("device", DEVICE_CASES)
-    def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile(self, device):
+    def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile(
+        self, device
+    ):
         # Four call sites, each dispatching to an inlined functional collective, an opaque
         # custom op and the op's own implementation by size (it crashed with two sites).
-        a, b = assert_all_ok(run_ranks(2, mixed_winners_body, device=device, timeout_s=150))
+        a, b = assert_all_ok(
+            run_ranks(2, mixed_winners_body, device=device, timeout_s=150)
+        )
         assert a["records"] == b["records"]
         ranges = sorted(
-            (range_bounds(r.op.rsplit("_range_", 1)[1]), r.winner) for r in a["records"][:5]
+            (range_bounds(r.op.rsplit("_range_", 1)[1]), r.winner)
+            for r in a["records"][:5]
         )
-        assert [bounds for bounds, _ in ranges] == [(1, 1), (2, 4), (5, 16), (17, 64), (65, math.inf)]
+        assert [bounds for bounds, _ in ranges] == [
+            (1, 1),
+            (2, 4),
+            (5, 16),
+            (17, 64),
+            (65, math.inf),
+        ]
         # By size, each kind of winner in turn, each where it leads by 1.5x or more. The
         # boundaries between may move by a range on a loaded 2-core machine (once in CI, 4
         # rows went to the opaque op at 1.54x by design), as the group measured it.
         kinds = [winner for _, winner in ranges]
-        assert kinds == sorted(kinds, key=["per_row_cost", "opaque", "default"].index), kinds
-        assert kinds[0] == "per_row_cost" and kinds[2] == "opaque" and kinds[-1] == "default", kinds
+        assert kinds == sorted(
+            kinds, key=["per_row_cost", "opaque", "default"].index
+        ), kinds
+        assert (
+            kinds[0] == "per_row_cost"
+            and kinds[2] == "opaque"
+            and kinds[-1] == "default"
+        ), kinds
         # Timed as the site runs where one implementation wins every range: between relu and
         # the residual add.
-        assert {r.timed_with for r in a["records"][:5] if r.source == "benchmark"} == {"producer+consumer"}
+        assert {r.timed_with for r in a["records"][:5] if r.source == "benchmark"} == {
+            "producer+consumer"
+        }
         # Each size ran its range's winner, and only it (the op's own marks nothing).
         expected = {
             n: [w for (low, high), w in ranges if low <= n <= high and w != "default"]
@@ -468,9 +585,13 @@ class TestGraphSessions(TestCase):
     def test_forward_and_backward_dispatch_by_size_from_one_compile(self, device):
         # The backward's all-reduce of the gradient is a collective-tuned site too: both
         # graphs dispatch by size, and the gradients match eager at every kind of winner.
-        a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, False, device=device, timeout_s=200))
+        a, b = assert_all_ok(
+            run_ranks(2, forward_and_backward_body, False, device=device, timeout_s=200)
+        )
         assert a["frames"] == b["frames"] == 1
-        assert [(r.op, r.winner) for r in a["records"]] == [(r.op, r.winner) for r in b["records"]]
+        assert [(r.op, r.winner) for r in a["records"]] == [
+            (r.op, r.winner) for r in b["records"]
+        ]
         # 3 sites in the forward graph and 3 in the backward, 5 ranges each. Each graph's
         # first site decides the ranges, timed with what it fuses with there (the forward's
         # relu and residual add; the backward's relu gradient), and its later sites take
@@ -479,8 +600,12 @@ class TestGraphSessions(TestCase):
         # the same.
         assert len(a["records"]) == 30
         forward, backward = a["records"][:15], a["records"][15:]
-        assert {r.timed_with for r in forward[:5] if r.source == "benchmark"} == {"producer+consumer"}
-        assert {r.timed_with for r in backward[:5] if r.source == "benchmark"} == {"consumer"}
+        assert {r.timed_with for r in forward[:5] if r.source == "benchmark"} == {
+            "producer+consumer"
+        }
+        assert {r.timed_with for r in backward[:5] if r.source == "benchmark"} == {
+            "consumer"
+        }
         assert [r.reason for r in forward[5:] + backward[5:]] == [SETTLED_IN_GRAPH] * 20
         assert not {r.key for r in forward} & {r.key for r in backward}
         assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
@@ -492,14 +617,30 @@ class TestGraphSessions(TestCase):
         # backward (compiled at the first backward call, when no guard can be added) inlines
         # its range's winner where the forward's guards fix it, and dispatches inside where
         # they do not. The gradients match eager at every size either way.
-        a, b = assert_all_ok(run_ranks(2, forward_and_backward_body, True, device=device, timeout_s=300))
-        assert [(r.op, r.winner) for r in a["records"]] == [(r.op, r.winner) for r in b["records"]]
-        forward_ladder = cells_of([r for r in a["records"][:5]])
-        assert a["frames"] == b["frames"] == len({next(i for i, (top, _) in enumerate(forward_ladder) if n <= top)
-                                                  for n in (8, 2, 30, 100)})
-        assert a["range_graph_sites"] >= 3 * a["frames"]  # every forward site of every range graph
+        a, b = assert_all_ok(
+            run_ranks(2, forward_and_backward_body, True, device=device, timeout_s=300)
+        )
+        assert [(r.op, r.winner) for r in a["records"]] == [
+            (r.op, r.winner) for r in b["records"]
+        ]
+        forward_ladder = cells_of(list(a["records"][:5]))
+        assert (
+            a["frames"]
+            == b["frames"]
+            == len(
+                {
+                    next(i for i, (top, _) in enumerate(forward_ladder) if n <= top)
+                    for n in (8, 2, 30, 100)
+                }
+            )
+        )
+        assert (
+            a["range_graph_sites"] >= 3 * a["frames"]
+        )  # every forward site of every range graph
         # Nothing was benchmarked after the first forward and backward graphs.
-        assert all(r.source != "benchmark" for r in a["records"][30:]), a["records"][30:]
+        assert all(r.source != "benchmark" for r in a["records"][30:]), a["records"][
+            30:
+        ]
 
     def test_a_range_keeps_the_nearest_winner_unless_another_is_clearly_faster(self):
         # The pick itself: a pure function of the group's timings (identical on every rank).
@@ -507,30 +648,42 @@ class TestGraphSessions(TestCase):
         from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
 
         names = ["one_shot", "two_shot", "default"]
-        timings = [ChoiceTiming(n, us, us, 1, "ok") for n, us in zip(names, (12.0, 10.1, 10.0))]
+        timings = [
+            ChoiceTiming(n, us, us, 1, "ok") for n, us in zip(names, (12.0, 10.1, 10.0))
+        ]
         # two_shot, 1% slower at the range's top, won the range below: it keeps this one.
         winner, reason = pick(names, timings, 1.0, ("two_shot", "16"))
         assert winner == "two_shot" and "won at 16" in reason
         assert pick(names, timings, 1.0, None)[0] == "default"
-        assert pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"  # clearly faster
+        assert (
+            pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"
+        )  # clearly faster
         # 10% apart by medians, but the samples overlap (eager launches at one token): noise
         # does not buy a size dispatch.
         noisy = [
             ChoiceTiming("one_shot", 86.0, 86.0, 1, "ok", low_us=70.0, high_us=95.0),
             ChoiceTiming("default", 78.0, 78.0, 1, "ok", low_us=60.0, high_us=90.0),
         ]
-        assert pick(["one_shot", "default"], noisy, 1.0, ("one_shot", "inf"))[0] == "one_shot"
+        assert (
+            pick(["one_shot", "default"], noisy, 1.0, ("one_shot", "inf"))[0]
+            == "one_shot"
+        )
         apart = [
             dataclasses.replace(noisy[0], low_us=84.0, high_us=88.0),
             dataclasses.replace(noisy[1], low_us=76.0, high_us=80.0),
         ]
-        assert pick(["one_shot", "default"], apart, 1.0, ("one_shot", "inf"))[0] == "default"
+        assert (
+            pick(["one_shot", "default"], apart, 1.0, ("one_shot", "inf"))[0]
+            == "default"
+        )
         # A user's min_speedup_threshold still favours the op's own implementation.
         assert pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
 
     @parametrize("device", DEVICE_CASES)
     def test_user_split_points_are_tuned_by_the_group_per_range(self, device):
-        a, b = assert_all_ok(run_ranks(2, split_points_body, device=device, timeout_s=150))
+        a, b = assert_all_ok(
+            run_ranks(2, split_points_body, device=device, timeout_s=150)
+        )
         assert a["records"] == b["records"]
         by_range = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
         # The user's ranges, no ladder of ours; each timed by the group.
@@ -544,8 +697,12 @@ class TestGraphSessions(TestCase):
         assert a["builds"] == b["builds"] == 2  # once each, for the three ranges
 
     @parametrize("device", DEVICE_CASES)
-    def test_each_size_range_compiles_a_graph_of_its_own_that_benchmarks_nothing(self, device):
-        a, b = assert_all_ok(run_ranks(2, range_graphs_body, True, device=device, timeout_s=240))
+    def test_each_size_range_compiles_a_graph_of_its_own_that_benchmarks_nothing(
+        self, device
+    ):
+        a, b = assert_all_ok(
+            run_ranks(2, range_graphs_body, True, device=device, timeout_s=240)
+        )
         # Every rank compiled the same graphs, and took the same decisions in each.
         assert [c["compiled"] for c in a] == [c["compiled"] for c in b]
         assert [c["records"] for c in a] == [c["records"] for c in b]
@@ -570,29 +727,51 @@ class TestGraphSessions(TestCase):
             if new:
                 # The first site guards the range, the later ones find it fixed: every site
                 # inlines its range's winner, no size dispatch inside the graph.
-                assert call["guarded_sites"] == 4 and call["dispatching_sites"] == 0, call
+                assert call["guarded_sites"] == 4 and call["dispatching_sites"] == 0, (
+                    call
+                )
             if new and call is not first:
                 # A later range reads the ladder's decisions: nothing benchmarked, no session round.
-                assert {rec.source for rec in call["records"]} <= {"job", "ladder"}, call["records"]
-                assert sum(rec.store_requests for rec in call["records"]) == 0, call["records"]
+                assert {rec.source for rec in call["records"]} <= {"job", "ladder"}, (
+                    call["records"]
+                )
+                assert sum(rec.store_requests for rec in call["records"]) == 0, call[
+                    "records"
+                ]
         assert sum(c["compiled"] for c in a) == len(cells)
 
     def test_a_warm_restart_loads_every_range_graph_from_the_caches(self):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
-        cold, _ = assert_all_ok(run_ranks(2, range_graphs_body, True, env=env, restarts=True, timeout_s=240))
-        warm, peer = assert_all_ok(run_ranks(2, range_graphs_body, True, env=env, restarts=True, timeout_s=240))
+        cold, _ = assert_all_ok(
+            run_ranks(2, range_graphs_body, True, env=env, restarts=True, timeout_s=240)
+        )
+        warm, peer = assert_all_ok(
+            run_ranks(2, range_graphs_body, True, env=env, restarts=True, timeout_s=240)
+        )
         # The same range graphs, each loaded from the FX-graph cache (found by the range
         # guards it recorded), nothing benchmarked or traced: the decisions they inline are
         # the group's.
-        assert [c["compiled"] for c in warm] == [c["compiled"] for c in cold] == [c["compiled"] for c in peer]
+        assert (
+            [c["compiled"] for c in warm]
+            == [c["compiled"] for c in cold]
+            == [c["compiled"] for c in peer]
+        )
         assert [c["fx_cache_hits"] for c in warm] == [c["compiled"] for c in warm]
-        assert all(c["records"] for c in warm if c["compiled"])  # each loaded graph says what it inlines
-        assert all(rec.source == "cache" for c in warm for rec in c["records"]), [c["records"] for c in warm]
+        assert all(
+            c["records"] for c in warm if c["compiled"]
+        )  # each loaded graph says what it inlines
+        assert all(rec.source == "cache" for c in warm for rec in c["records"]), [
+            c["records"] for c in warm
+        ]
         assert [c["ran"] for c in warm] == [c["ran"] for c in cold]
 
     @parametrize("forbid", ["knob", "error_on_recompile"])
-    def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(self, forbid):
-        a, b = assert_all_ok(run_ranks(2, range_graphs_body, forbid != "knob", forbid, timeout_s=240))
+    def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(
+        self, forbid
+    ):
+        a, b = assert_all_ok(
+            run_ranks(2, range_graphs_body, forbid != "knob", forbid, timeout_s=240)
+        )
         assert [c["records"] for c in a] == [c["records"] for c in b]
         cells = cells_of(a[0]["records"][:5])
         # One compile, whose four sites dispatch by size; every size runs its winner.

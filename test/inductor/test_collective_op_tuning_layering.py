@@ -55,7 +55,8 @@ def import_graph() -> dict[str, set[str]]:
     """Each collective module and the collective modules it imports."""
     modules = _modules()
     return {
-        name: _imported(name, ast.parse(path.read_text(), str(path))) & set(modules) - {name}
+        name: _imported(name, ast.parse(path.read_text(), str(path)))
+        & set(modules) - {name}
         for name, path in modules.items()
     }
 
@@ -68,7 +69,7 @@ def find_circle(graph: dict[str, set[str]]) -> list[str]:
 
     def visit(name: str) -> list[str]:
         if name in path:
-            return path[path.index(name):] + [name]
+            return path[path.index(name) :] + [name]
         if name in done:
             return []
         path.append(name)
@@ -92,9 +93,10 @@ class TestCollectiveImportLayering(TestCase):
         graph = import_graph()
         glue = "torch._inductor.kernel.collective.hooks"
         assert "torch._inductor.kernel.collective.selection" in graph[glue]
-        assert "torch._inductor.runtime.collective_protocol" in graph[
-            "torch._inductor.runtime.collective_benchmarking"
-        ]  # a relative import
+        assert (
+            "torch._inductor.runtime.collective_protocol"
+            in graph["torch._inductor.runtime.collective_benchmarking"]
+        )  # a relative import
 
     def test_the_store_session_protocol_imports_nothing_of_inductor(self):
         name = "torch.distributed._store_session"
@@ -108,7 +110,12 @@ class TestCollectiveImportLayering(TestCase):
         assert find_circle(import_graph()) == []
 
     def test_a_circle_is_found(self):
-        assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+        assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [
+            "a",
+            "b",
+            "c",
+            "a",
+        ]
 
 
 if __name__ == "__main__":

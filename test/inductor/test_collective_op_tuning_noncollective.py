@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.testing._internal.common_utils import (
@@ -65,8 +65,8 @@ class NamedFix:
     # What the overlay's compile must show instead: a substring of the winner of every
     # autotuning call (None: no autotuning call at all), and a substring that no choice
     # may have (the choice the fix drops).
-    winner: Optional[str]
-    dropped: Optional[str] = None
+    winner: str | None
+    dropped: str | None = None
 
 
 _UNREALIZED = NamedFix(
@@ -122,7 +122,7 @@ NAMED_FIXES: dict[tuple[str, str], NamedFix] = {
 }
 
 
-def _overlay_applied() -> Optional[str]:
+def _overlay_applied() -> str | None:
     """Why the overlay cannot be compared here (None: it can)."""
     if not MANIFEST.is_file():
         return f"the overlay is not applied to the running torch ({MANIFEST.parent.parent})"
@@ -138,13 +138,22 @@ def probe_runs() -> dict[str, dict[str, Any]]:
         "pristine": [sys.executable, str(PROBE), ",".join(SCENARIOS), "--pristine"],
         "overlay": [sys.executable, str(PROBE), ",".join(SCENARIOS)],
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_LOGS"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHINDUCTOR_", "TORCH_LOGS"))
+    }
     env["PYTHONPATH"] = ""  # not this checkout's torch/ folder: the installed torch
     env["PYTHONHASHSEED"] = "0"  # symbols are ordered by hash in the generated code
     with tempfile.TemporaryDirectory() as cwd:
         running = {
             mode: subprocess.Popen(
-                command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
             for mode, command in commands.items()
         }
@@ -161,7 +170,7 @@ def probe_runs() -> dict[str, dict[str, Any]]:
                     f"the probe failed in {mode} mode (exit {proc.returncode}):\n"
                     f"{stdout[-3000:]}\n{stderr[-6000:]}"
                 )
-            reports[mode] = json.loads(lines[-1][len(MARKER):])
+            reports[mode] = json.loads(lines[-1][len(MARKER) :])
     return reports
 
 
@@ -230,7 +239,9 @@ class TestNonCollectiveOpsUntouched(TestCase):
 
     def _reports(self, scenario: str) -> tuple[dict[str, Any], dict[str, Any]]:
         runs = probe_runs()
-        return runs["pristine"]["scenarios"][scenario], runs["overlay"]["scenarios"][scenario]
+        return runs["pristine"]["scenarios"][scenario], runs["overlay"]["scenarios"][
+            scenario
+        ]
 
     @parametrize("scenario", SCENARIOS)
     def test_overlay_changes_nothing_or_a_named_fix(self, scenario: str) -> None:
@@ -238,7 +249,8 @@ class TestNonCollectiveOpsUntouched(TestCase):
         fix = NAMED_FIXES.get((MINOR, scenario))
         if pristine["ok"]:
             self.assertTrue(
-                pristine["result"]["matches_eager"], f"upstream's own result is wrong: {pristine}"
+                pristine["result"]["matches_eager"],
+                f"upstream's own result is wrong: {pristine}",
             )
             self.assertIsNone(
                 fix,
@@ -265,14 +277,18 @@ class TestNonCollectiveOpsUntouched(TestCase):
         self.assertEqual(
             pristine["error"]["root_type"],
             fix.pristine_error,
-            f"upstream fails {scenario} otherwise than the named fix says: " + _failure(pristine),
+            f"upstream fails {scenario} otherwise than the named fix says: "
+            + _failure(pristine),
         )
         self.assertTrue(
-            overlay["ok"], f"the named fix of {scenario} does not work: " + _failure(overlay)
+            overlay["ok"],
+            f"the named fix of {scenario} does not work: " + _failure(overlay),
         )
         self.assertTrue(overlay["result"]["matches_eager"], overlay["result"])
         if fix.winner is None:
-            self.assertEqual(overlay["autotune_calls"], [], "expected no autotuning call")
+            self.assertEqual(
+                overlay["autotune_calls"], [], "expected no autotuning call"
+            )
         else:
             self.assertTrue(overlay["winners"], "expected an autotuning call")
             for winner in overlay["winners"]:
@@ -286,7 +302,8 @@ class TestNonCollectiveOpsUntouched(TestCase):
         unknown = [key for key in NAMED_FIXES if key[1] not in SCENARIOS]
         self.assertEqual(unknown, [])
         self.assertTrue(
-            all(minor in ("2.11", "2.13", "2.14") for minor, _ in NAMED_FIXES), NAMED_FIXES
+            all(minor in ("2.11", "2.13", "2.14") for minor, _ in NAMED_FIXES),
+            NAMED_FIXES,
         )
 
     def test_pristine_mode_runs_upstream_exactly(self) -> None:
@@ -300,7 +317,8 @@ class TestNonCollectiveOpsUntouched(TestCase):
         self.assertEqual(pristine["torch"], torch.__version__)
         # Every patched module it imported was upstream's; none of the overlay's ran.
         self.assertEqual(
-            set(pristine["pristine_served"]) | set(pristine["pristine_not_imported"]), served
+            set(pristine["pristine_served"]) | set(pristine["pristine_not_imported"]),
+            served,
         )
         self.assertEqual(pristine["collective_modules"], [])
         # With the overlay, upstream's lowering.py imports every module of kernel/ (its

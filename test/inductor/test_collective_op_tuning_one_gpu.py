@@ -24,7 +24,10 @@ from collective_scenarios import decision_files, NO_GRAPH_CACHES
 from test_collective_op_tuning import check_agreement, one_op_body
 from test_collective_op_tuning_failing_choices import writes_input_body
 from test_collective_op_tuning_persistence import zeroes_body
-from test_collective_op_tuning_graphs import forward_and_backward_body, mixed_winner_layers
+from test_collective_op_tuning_graphs import (
+    forward_and_backward_body,
+    mixed_winner_layers,
+)
 
 
 def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
@@ -38,10 +41,13 @@ def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
     start = len(collective_autotune_records())
     skips = counters["inductor"]["cudagraph_skips"]
     dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
-    compiled = torch.compile(model, mode="reduce-overhead", dynamic=True, fullgraph=True)
+    compiled = torch.compile(
+        model, mode="reduce-overhead", dynamic=True, fullgraph=True
+    )
     ran, graphs = {}, []
     with torch._inductor.config.patch(
-        collective_autotune_dynamic_max=256, collective_autotune_range_graphs=range_graphs
+        collective_autotune_dynamic_max=256,
+        collective_autotune_range_graphs=range_graphs,
     ):
         for n in (8, 2, 30, 100, 2, 30):
             x = torch.randn(n, 4, device=r.device)
@@ -56,7 +62,8 @@ def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
         "graphs": graphs,
         "records": collective_autotune_records()[start:],
         "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips,
-        "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"] - dispatches,
+        "dispatching_sites": counters["inductor"]["collective_autotune_size_dispatches"]
+        - dispatches,
     }
 
 
@@ -74,14 +81,19 @@ def check_each_size_ran_its_winner(result: dict) -> None:
 def graph_mode_one_op_body(r: Rank) -> list:
     ops.register_standard_ops()
     with torch._inductor.config.patch({"triton.cudagraphs": True}):
-        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name) * 2, torch.randn(256, 64, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, r.group.group_name) * 2,
+            torch.randn(256, 64, device=r.device),
+        )
 
 
 @unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
 class TestOneGpu(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
@@ -90,12 +102,16 @@ class TestOneGpu(TestCase):
         assert record.mode == "eager" and record.group_ranks == (0,)
 
     def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu(self):
-        (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, False, device="cuda", timeout_s=300))
+        (result,) = assert_all_ok(
+            run_ranks(1, graph_mode_sizes_body, False, device="cuda", timeout_s=300)
+        )
         check_each_size_ran_its_winner(result)
         assert result["dispatching_sites"] > 0 and len(set(result["graphs"])) == 1
 
     def test_each_size_range_is_a_cuda_graph_tree_of_its_own_on_one_gpu(self):
-        (result,) = assert_all_ok(run_ranks(1, graph_mode_sizes_body, True, device="cuda", timeout_s=300))
+        (result,) = assert_all_ok(
+            run_ranks(1, graph_mode_sizes_body, True, device="cuda", timeout_s=300)
+        )
         check_each_size_ran_its_winner(result)
         # One graph per range visited (2, 8 and 30, 100 lie in different cells), none inside
         # dispatching, and sizes seen before compile nothing more.
@@ -104,27 +120,41 @@ class TestOneGpu(TestCase):
         assert len(set(result["graphs"])) > 1
 
     def test_forward_and_backward_dispatch_on_one_gpu(self):
-        (result,) = assert_all_ok(run_ranks(1, forward_and_backward_body, False, device="cuda", timeout_s=300))
+        (result,) = assert_all_ok(
+            run_ranks(1, forward_and_backward_body, False, device="cuda", timeout_s=300)
+        )
         assert result["frames"] == 1 and len(result["records"]) == 30
 
     def test_a_kept_decision_is_screened_again_on_one_gpu(self):
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"), **NO_GRAPH_CACHES}
-        ((first,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"),
+            **NO_GRAPH_CACHES,
+        }
+        ((first,),) = assert_all_ok(
+            run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True)
+        )
         assert first.source == "benchmark"
         (entry,) = decision_files(self.tmp_path, 0)
         data = json.loads(entry.read_text())
         data["winner"] = "zeroes"
         entry.write_text(json.dumps(data))
-        ((again,),) = assert_all_ok(run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True))
+        ((again,),) = assert_all_ok(
+            run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True)
+        )
         assert again.source == "benchmark" and again.winner != "zeroes"
         assert "the stored winner failed its screen" in again.reason
 
     def test_a_choice_writing_into_its_input_is_dropped_on_one_gpu(self):
         ((record,),) = assert_all_ok(run_ranks(1, writes_input_body, device="cuda"))
-        assert record.winner != "writes_into_input" and "writes into input 0" in record.reason, record
+        assert (
+            record.winner != "writes_into_input"
+            and "writes into input 0" in record.reason
+        ), record
 
     def test_graph_mode_timing_on_one_gpu(self):
-        ((record,),) = assert_all_ok(run_ranks(1, graph_mode_one_op_body, device="cuda"))
+        ((record,),) = assert_all_ok(
+            run_ranks(1, graph_mode_one_op_body, device="cuda")
+        )
         assert record.mode == "graph" and record.source == "benchmark"
         assert all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")
 

@@ -38,15 +38,24 @@ from collective_scenarios import (
 def zeroes_body(r: Rank) -> list:
     ops.register_all_reduce(ops.all_reduce_then("one_all_reduce", "20"), ops.zeroes)
     with patched_timeout(30.0):
-        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name, "12"), torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, r.group.group_name, "12"),
+            torch.randn(8, 8, device=r.device),
+        )
 
 
 def changed_choice_body(r: Rank, variant: str) -> list:
     # "candidate" wins by 12 ms; between the two runs its code changes under the same name
     # (a bug that halves the sum).
     halve = (lambda x: x * 0.5) if variant == "buggy" else None
-    ops.register_all_reduce(ops.all_reduce_then("candidate", before=halve), ops.all_reduce_then("slow", "20"))
-    return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name, "12") + 1, torch.randn(8, 8, device=r.device))
+    ops.register_all_reduce(
+        ops.all_reduce_then("candidate", before=halve),
+        ops.all_reduce_then("slow", "20"),
+    )
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, r.group.group_name, "12") + 1,
+        torch.randn(8, 8, device=r.device),
+    )
 
 
 # -- a fallback holds for its job attempt only -----------------------------------------------------
@@ -55,14 +64,27 @@ def changed_choice_body(r: Rank, variant: str) -> list:
 def late_then_on_time_body(r: Rank, late: bool) -> list:
     register_two_choices()
     late_rank = 1 if late else None
-    with arriving_after_the_decision(r, late_rank, f"late_then_on_time/{collective_protocol.attempt_namespace()}"), patched_timeout():
-        return compile_and_check(lambda x: ops.all_reduce(x, r.group.group_name), torch.randn(8, 8, device=r.device))
+    with (
+        arriving_after_the_decision(
+            r, late_rank, f"late_then_on_time/{collective_protocol.attempt_namespace()}"
+        ),
+        patched_timeout(),
+    ):
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, r.group.group_name),
+            torch.randn(8, 8, device=r.device),
+        )
 
 
 def elastic_attempt(restart_count: int):
     """The environment torchrun gives one attempt of an elastic job (whose attempts
     share one Store)."""
-    return environment({"TORCHELASTIC_RUN_ID": "test_attempts", "TORCHELASTIC_RESTART_COUNT": str(restart_count)})
+    return environment(
+        {
+            "TORCHELASTIC_RUN_ID": "test_attempts",
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        }
+    )
 
 
 def restarted_attempt_body(r: Rank) -> dict:
@@ -76,13 +98,18 @@ def restarted_attempt_body(r: Rank) -> dict:
 class TestKeptDecisions(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
     def test_an_edited_decision_file_is_screened_and_never_runs_a_wrong_choice(self):
 
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"), **NO_GRAPH_CACHES}
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"),
+            **NO_GRAPH_CACHES,
+        }
         (first,), _ = assert_all_ok(run_ranks(2, zeroes_body, env=env, restarts=True))
         assert first.winner == "default" and first.source == "benchmark"
         for rank in (0, 1):  # every rank's file now names the rejected choice
@@ -90,17 +117,28 @@ class TestKeptDecisions(TestCase):
             data = json.loads(entry.read_text())
             data["winner"] = "zeroes"
             entry.write_text(json.dumps(data))
-        (again,), (peer,) = assert_all_ok(run_ranks(2, zeroes_body, env=env, restarts=True))
+        (again,), (peer,) = assert_all_ok(
+            run_ranks(2, zeroes_body, env=env, restarts=True)
+        )
         # compile_and_check compared the outputs with eager: nothing wrong ran.
-        assert again == peer and again.source == "benchmark" and again.winner == "default"
+        assert (
+            again == peer and again.source == "benchmark" and again.winner == "default"
+        )
         assert "the stored winner failed its screen" in again.reason, again.reason
 
     @parametrize("graph_caches", [False, True])
     def test_a_choice_whose_code_changed_is_tuned_afresh(self, graph_caches):
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"), **({} if graph_caches else NO_GRAPH_CACHES)}
-        (first,), _ = assert_all_ok(run_ranks(2, changed_choice_body, "right", env=env, restarts=True))
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"),
+            **({} if graph_caches else NO_GRAPH_CACHES),
+        }
+        (first,), _ = assert_all_ok(
+            run_ranks(2, changed_choice_body, "right", env=env, restarts=True)
+        )
         assert first.winner == "candidate"
-        (again,), (peer,) = assert_all_ok(run_ranks(2, changed_choice_body, "buggy", env=env, restarts=True))
+        (again,), (peer,) = assert_all_ok(
+            run_ranks(2, changed_choice_body, "buggy", env=env, restarts=True)
+        )
         # A new key (neither the stored decision nor the cached graph is used), tuned afresh:
         # the buggy candidate fails its screen. compile_and_check found the outputs right.
         assert again == peer and again.source == "benchmark" and again.key != first.key
@@ -109,11 +147,25 @@ class TestKeptDecisions(TestCase):
         assert "output differs from the reference" in status["candidate"], status
 
     def test_a_graph_inlining_a_fallback_is_not_loaded_by_the_next_job(self):
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}  # the FX-graph cache on
-        (fallback,), _ = assert_all_ok(run_ranks(2, late_then_on_time_body, True, env=env, restarts=True))
-        assert fallback.winner == "default" and fallback.provisional and "did not arrive" in fallback.reason
-        (next_job,), (peer,) = assert_all_ok(run_ranks(2, late_then_on_time_body, False, env=env, restarts=True))
-        assert next_job == peer and next_job.source == "benchmark" and not next_job.provisional
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")
+        }  # the FX-graph cache on
+        (fallback,), _ = assert_all_ok(
+            run_ranks(2, late_then_on_time_body, True, env=env, restarts=True)
+        )
+        assert (
+            fallback.winner == "default"
+            and fallback.provisional
+            and "did not arrive" in fallback.reason
+        )
+        (next_job,), (peer,) = assert_all_ok(
+            run_ranks(2, late_then_on_time_body, False, env=env, restarts=True)
+        )
+        assert (
+            next_job == peer
+            and next_job.source == "benchmark"
+            and not next_job.provisional
+        )
 
     def test_a_restarted_attempt_does_not_inherit_the_fallback_of_the_first(self):
         a, b = assert_all_ok(run_ranks(2, restarted_attempt_body, env=NO_GRAPH_CACHES))

@@ -62,7 +62,12 @@ COMPILE_MARGIN_S = 60.0
 # What each rank runs.
 RANK_SCRIPT = str(Path(__file__).with_name("store_loss_rank.py"))
 
-MOMENTS = ["before_the_first_compile", "waiting_in_a_vote", "benchmarking", "between_compiles"]
+MOMENTS = [
+    "before_the_first_compile",
+    "waiting_in_a_vote",
+    "benchmarking",
+    "between_compiles",
+]
 
 
 # -- the client's one deadline, on a Store that never answers ------------------------------
@@ -123,10 +128,14 @@ class RankOutcome:
         )
 
 
-def lose_the_store(moment: str, how: str, folder: Path) -> tuple[float, list[RankOutcome]]:
+def lose_the_store(
+    moment: str, how: str, folder: Path
+) -> tuple[float, list[RankOutcome]]:
     """Run the two ranks, take the Store away (``how``: killed or stopped) at ``moment``;
     when (time.time()), and what each rank reported."""
-    host = subprocess.Popen([sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, text=True)
+    host = subprocess.Popen(
+        [sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, text=True
+    )
     ranks: list[subprocess.Popen] = []
     try:
         port = int(host.stdout.readline())
@@ -170,9 +179,13 @@ def lose_the_store(moment: str, how: str, folder: Path) -> tuple[float, list[Ran
     outcomes = []
     for rank, p in enumerate(ranks):
         report = folder / f"report.{rank}.json"
-        assert p.returncode == 0 and report.exists(), f"rank {rank} failed\n{_logs(folder)}"
+        assert p.returncode == 0 and report.exists(), (
+            f"rank {rank} failed\n{_logs(folder)}"
+        )
         outcomes.append(
-            RankOutcome(rank, json.loads(report.read_text()), exited[rank], _log(folder, rank))
+            RankOutcome(
+                rank, json.loads(report.read_text()), exited[rank], _log(folder, rank)
+            )
         )
     return lost, outcomes
 
@@ -199,7 +212,9 @@ def patched_timeout(seconds: float = TIMEOUT_S):
 
 
 def register_two_choices() -> None:
-    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather)
+    ops.register_all_reduce(
+        ops.all_reduce_then("one_all_reduce"), ops.reduce_scatter_all_gather
+    )
 
 
 def _until_gone(store: dist.Store) -> None:
@@ -230,13 +245,22 @@ def store_lost_body(r: Rank, autotune: bool) -> dict:
     _until_gone(store)
     begin = time.monotonic()
     try:
-        with patched_timeout(), torch._inductor.config.patch(collective_autotune=autotune):
-            out = torch.compile(lambda x: ops.all_reduce(x, alone.group_name) + 1)(torch.ones(4, 4))
+        with (
+            patched_timeout(),
+            torch._inductor.config.patch(collective_autotune=autotune),
+        ):
+            out = torch.compile(lambda x: ops.all_reduce(x, alone.group_name) + 1)(
+                torch.ones(4, 4)
+            )
         error = None
         assert torch.equal(out, torch.full((4, 4), 2.0))
-    except Exception as e:  # noqa: BLE001 - the test asserts on it
+    except Exception as e:
         error = f"{type(e).__name__}: {e}"
-    return {"error": error, "s": time.monotonic() - begin, "participant": collective_protocol._participant is not None}
+    return {
+        "error": error,
+        "s": time.monotonic() - begin,
+        "participant": collective_protocol._participant is not None,
+    }
 
 
 # -- the Store hosted by a rank that dies mid-session ----------------------------------------
@@ -245,12 +269,19 @@ def store_lost_body(r: Rank, autotune: bool) -> dict:
 class TestStoreLoss(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
-    def test_the_heartbeat_and_the_session_share_one_deadline_and_a_lost_store_is_not_asked_again(self):
-        from torch._inductor.runtime.collective_protocol import StoreClient, StoreLostError
+    def test_the_heartbeat_and_the_session_share_one_deadline_and_a_lost_store_is_not_asked_again(
+        self,
+    ):
+        from torch._inductor.runtime.collective_protocol import (
+            StoreClient,
+            StoreLostError,
+        )
 
         store = Unanswering()
         client = StoreClient(store, "10.0.0.1:29500", timeout=2.0)
@@ -270,29 +301,47 @@ class TestStoreLoss(TestCase):
             # deadline; that gap is what the deadline under test must not restart.
             time.sleep(1.0)
             asked = time.monotonic()
-            with client.during("the vote on site/k"), self.assertRaises(StoreLostError) as e:
+            with (
+                client.during("the vote on site/k"),
+                self.assertRaises(StoreLostError) as e,
+            ):
                 client.add("votes", 1)
             failed = time.monotonic()
             heartbeat.join()
             # Queued behind the heartbeat's request, the session's ended at its deadline:
             # 2 s after the heartbeat asked, not 2 s after the session did.
-            assert failed - asked < 1.75 and failed - began < 2.75, (failed - began, failed - asked)
+            assert failed - asked < 1.75 and failed - began < 2.75, (
+                failed - began,
+                failed - asked,
+            )
             assert str(e.exception) == (
                 "the c10d Store (10.0.0.1:29500) stopped answering during the vote on site/k: no answer "
                 "within 2 s (collective_benchmark_timeout) (seen during a heartbeat)"
             )
-            assert "stopped answering during a heartbeat: no answer within 2 s" in str(heartbeat_error[0])
-            with client.during("joining session s"), self.assertRaises(StoreLostError) as e:
+            assert "stopped answering during a heartbeat: no answer within 2 s" in str(
+                heartbeat_error[0]
+            )
+            with (
+                client.during("joining session s"),
+                self.assertRaises(StoreLostError) as e,
+            ):
                 client.add("progress", 1)
-            assert "stopped answering during a heartbeat " in str(e.exception), e.exception
-            assert "this process does not try it again (joining session s)" in str(e.exception), e.exception
+            assert "stopped answering during a heartbeat " in str(e.exception), (
+                e.exception
+            )
+            assert "this process does not try it again (joining session s)" in str(
+                e.exception
+            ), e.exception
             # The heartbeat's request reached the Store; the session's never did, nor any later.
             assert store.calls == 1 and client.requests == 2
         finally:
             store.released.set()
 
     def test_connecting_counts_in_the_same_deadline_and_is_not_tried_again(self):
-        from torch._inductor.runtime.collective_protocol import StoreClient, StoreLostError
+        from torch._inductor.runtime.collective_protocol import (
+            StoreClient,
+            StoreLostError,
+        )
 
         released = threading.Event()
         opened: list[float] = []
@@ -305,50 +354,76 @@ class TestStoreLoss(TestCase):
         client = StoreClient(None, "10.0.0.1:29500", 1.0, open_store)
         try:
             began = time.monotonic()
-            with client.during("reading the decision for k"), self.assertRaises(StoreLostError) as e:
+            with (
+                client.during("reading the decision for k"),
+                self.assertRaises(StoreLostError) as e,
+            ):
                 client.get("k")
             assert 1.0 <= time.monotonic() - began < 1.75
             assert str(e.exception) == (
                 "the c10d Store (10.0.0.1:29500) stopped answering during reading the decision for "
                 "k: no answer within 1 s (collective_benchmark_timeout) (seen during connecting)"
             )
-            with self.assertRaisesRegex(StoreLostError, "during connecting .* does not try it again"):
+            with self.assertRaisesRegex(
+                StoreLostError, "during connecting .* does not try it again"
+            ):
                 client.add("k", 1)
             assert opened == [1.0]
         finally:
             released.set()
 
-    @unittest.skipIf(under_torchrun(), "ends the job's Store by design; runs self-spawned only")
+    @unittest.skipIf(
+        under_torchrun(), "ends the job's Store by design; runs self-spawned only"
+    )
     @parametrize("moment,how", CASES, name_fn=lambda moment, how: f"{moment}_{how}")
-    def test_a_lost_store_ends_every_rank_within_the_timeout_and_its_exit_waits_for_nothing(self, moment, how):
+    def test_a_lost_store_ends_every_rank_within_the_timeout_and_its_exit_waits_for_nothing(
+        self, moment, how
+    ):
         lost, outcomes = lose_the_store(moment, how, self.tmp_path)
         for rank in outcomes:
             compiled = rank.report["compile"]
             where = f"rank {rank.rank}: {compiled['error']}\n{rank.log}"
             assert compiled["store_lost"] is not None, where
-            assert compiled["store_lost"].startswith("the c10d Store (127.0.0.1:"), where
+            assert compiled["store_lost"].startswith("the c10d Store (127.0.0.1:"), (
+                where
+            )
             error_s = compiled["ended"] - rank.first_request_after(lost)
             assert error_s < TIMEOUT_S + ERROR_MARGIN_S, (error_s, where)
             exit_s = rank.exited - compiled["ended"]
             if moment == "before_the_first_compile":
                 later = rank.report["later"]
-                assert later["store_lost"] is not None and "this process does not try it again" in later["store_lost"], later
+                assert (
+                    later["store_lost"] is not None
+                    and "this process does not try it again" in later["store_lost"]
+                ), later
                 assert rank.report["later_sent"] == 0, rank.report
                 exit_s = rank.exited - later["ended"]
             assert exit_s < EXIT_S, (exit_s, where)
-            print(f"{moment}-{how} rank {rank.rank}: error {error_s:.2f} s after its first request after the loss, "
-                  f"exit {exit_s:.2f} s after the error: {compiled['store_lost'][:160]}")
+            print(
+                f"{moment}-{how} rank {rank.rank}: error {error_s:.2f} s after its first request after the loss, "
+                f"exit {exit_s:.2f} s after the error: {compiled['store_lost'][:160]}"
+            )
         if moment == "waiting_in_a_vote":
-            assert "during the vote on site/" in outcomes[0].report["compile"]["store_lost"], outcomes[0].report
+            assert (
+                "during the vote on site/"
+                in outcomes[0].report["compile"]["store_lost"]
+            ), outcomes[0].report
 
     @parametrize("autotune", [True, False])
-    def test_a_lost_store_fails_within_the_timeout_and_off_means_no_store_at_all(self, autotune):
+    def test_a_lost_store_fails_within_the_timeout_and_off_means_no_store_at_all(
+        self, autotune
+    ):
         _, survivor = run_ranks(2, store_lost_body, autotune, breaks_the_group=True)
         assert survivor.ok, survivor.error
         result = survivor.value
         if autotune:
-            assert result["error"] is not None and "StoreLostError" in result["error"], result
-            assert "the c10d Store (127.0.0.1:" in result["error"] and "stopped answering during" in result["error"]
+            assert (
+                result["error"] is not None and "StoreLostError" in result["error"]
+            ), result
+            assert (
+                "the c10d Store (127.0.0.1:" in result["error"]
+                and "stopped answering during" in result["error"]
+            )
             assert result["s"] < TIMEOUT_S + COMPILE_MARGIN_S
         else:  # switched off: the op's own implementation, nothing of ours touched the Store
             assert result["error"] is None and not result["participant"], result
@@ -356,11 +431,17 @@ class TestStoreLoss(TestCase):
     def test_losing_the_store_mid_session_is_reported_as_such(self):
         # Rank 0, which hosts the Store, dies; rank 1 waits for it in the build vote.
         dead, survivor = run_ranks(
-            2, dies_while_building_body, 0, env={"CAT_TEST_DEATH_FILE": str(self.tmp_path / "died")}, breaks_the_group=True
+            2,
+            dies_while_building_body,
+            0,
+            env={"CAT_TEST_DEATH_FILE": str(self.tmp_path / "died")},
+            breaks_the_group=True,
         )
         assert dead.wall_s is None and survivor.ok, survivor
         error = survivor.value["error"]
-        assert error is not None and "StoreLostError: the c10d Store (127.0.0.1:" in error, error
+        assert (
+            error is not None and "StoreLostError: the c10d Store (127.0.0.1:" in error
+        ), error
         assert "stopped answering during the vote on site/" in error, error
 
 

@@ -34,18 +34,43 @@ ONE, TWO, NCCL = "symm_mem_one_shot", "symm_mem_two_shot", "default"
 # SYMM_MEM_ALL_REDUCE_MAX_SIZES, NCCL above.
 DOCUMENTED: dict[tuple[int, str | None], list[tuple[int, str]]] = {
     # Hopper, 2 ranks: custom all-reduce below 8 MiB (its buffer), symmetric memory to 64 MiB.
-    (2, "9.0"): [(1, ONE), (8 * MiB - 1, ONE), (8 * MiB, TWO), (64 * MiB, TWO),
-                 (64 * MiB + 1, NCCL)],
+    (2, "9.0"): [
+        (1, ONE),
+        (8 * MiB - 1, ONE),
+        (8 * MiB, TWO),
+        (64 * MiB, TWO),
+        (64 * MiB + 1, NCCL),
+    ],
     # 4 ranks: one stage below 512 KiB, two below 8 MiB, symmetric memory to 32 MiB.
-    (4, "9.0"): [(512 * KiB - 1, ONE), (512 * KiB, TWO), (8 * MiB, TWO), (32 * MiB, TWO),
-                 (32 * MiB + 1, NCCL)],
+    (4, "9.0"): [
+        (512 * KiB - 1, ONE),
+        (512 * KiB, TWO),
+        (8 * MiB, TWO),
+        (32 * MiB, TWO),
+        (32 * MiB + 1, NCCL),
+    ],
     # 6 ranks: one stage below 256 KiB, custom all-reduce below 512 KiB, then to 64 MiB.
-    (6, "9.0"): [(256 * KiB - 1, ONE), (256 * KiB, TWO), (512 * KiB, TWO), (64 * MiB, TWO),
-                 (64 * MiB + 1, NCCL)],
+    (6, "9.0"): [
+        (256 * KiB - 1, ONE),
+        (256 * KiB, TWO),
+        (512 * KiB, TWO),
+        (64 * MiB, TWO),
+        (64 * MiB + 1, NCCL),
+    ],
     # 8 ranks: custom all-reduce below 256 KiB (one stage), symmetric memory to 64 MiB.
-    (8, "9.0"): [(256 * KiB - 1, ONE), (256 * KiB, TWO), (64 * MiB, TWO), (64 * MiB + 1, NCCL)],
+    (8, "9.0"): [
+        (256 * KiB - 1, ONE),
+        (256 * KiB, TWO),
+        (64 * MiB, TWO),
+        (64 * MiB + 1, NCCL),
+    ],
     # Blackwell, 2 ranks: custom all-reduce below 2 MiB, symmetric memory to 8 MiB.
-    (2, "10.0"): [(2 * MiB - 1, ONE), (2 * MiB, TWO), (8 * MiB, TWO), (8 * MiB + 1, NCCL)],
+    (2, "10.0"): [
+        (2 * MiB - 1, ONE),
+        (2 * MiB, TWO),
+        (8 * MiB, TWO),
+        (8 * MiB + 1, NCCL),
+    ],
     # A capability the table does not list: the custom all-reduce alone, then NCCL.
     (2, "8.0"): [(8 * MiB - 1, ONE), (8 * MiB, NCCL)],
     # World sizes and devices it does not list: NCCL at every size.
@@ -86,11 +111,15 @@ def table_body(r: Rank) -> list[tuple[int, list[str]]]:
     recorders = {name: recorded(name) for name in tp_ops.TABLE_IMPLEMENTATIONS}
     with mock.patch.dict(tp_ops.TABLE_IMPLEMENTATIONS, recorders):
         for nbytes in sizes_around(limits, torch.float32.itemsize):
-            x = torch.randn(nbytes // torch.float32.itemsize, generator=gen).to(r.device)
+            x = torch.randn(nbytes // torch.float32.itemsize, generator=gen).to(
+                r.device
+            )
             expected = x.clone()
             dist.all_reduce(expected, group=r.group)
             ran.clear()
-            torch.testing.assert_close(tp_ops.table_all_reduce(x, r.group.group_name), expected)
+            torch.testing.assert_close(
+                tp_ops.table_all_reduce(x, r.group.group_name), expected
+            )
             found.append((nbytes, list(ran)))
     return found
 
@@ -100,8 +129,12 @@ class TestTableOp(TestCase):
         "world_size, capability, nbytes, implementation",
         [(*where, *pick) for where, picks in DOCUMENTED.items() for pick in picks],
     )
-    def test_table_picks_what_vllm_runs(self, world_size, capability, nbytes, implementation):
-        assert tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
+    def test_table_picks_what_vllm_runs(
+        self, world_size, capability, nbytes, implementation
+    ):
+        assert (
+            tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_table_op_sums_as_all_reduce_on_both_sides_of_each_limit(self, device):
@@ -113,11 +146,15 @@ class TestTableOp(TestCase):
             assert sizes == [8 * MiB - 4, 8 * MiB, 64 * MiB, 64 * MiB + 4]
             assert [ran for _, ran in per_rank[0]] == [[NCCL]] * 4
         else:
-            limits = tp_ops.table_limits(2, tp_ops.device_capability(torch.device("cuda")))
+            limits = tp_ops.table_limits(
+                2, tp_ops.device_capability(torch.device("cuda"))
+            )
             picks = [ran for _, ran in per_rank[0]]
             assert picks == [[limits.pick(n)] for n in sizes]
             # On 2 ranks each limit is a switch: the sizes come in pairs across one.
-            assert all(below != above for below, above in zip(picks[::2], picks[1::2])), picks
+            assert all(
+                below != above for below, above in zip(picks[::2], picks[1::2])
+            ), picks
 
 
 instantiate_parametrized_tests(TestTableOp)

@@ -58,7 +58,13 @@ from torch.distributed._store_session import (
 # -- the ladder ------------------------------------------------------------------------------
 
 
-LADDER = ["op_range_1_1", "op_range_2_4", "op_range_5_16", "op_range_17_64", "op_range_65_inf"]
+LADDER = [
+    "op_range_1_1",
+    "op_range_2_4",
+    "op_range_5_16",
+    "op_range_17_64",
+    "op_range_65_inf",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +138,9 @@ def _(x: torch.Tensor) -> torch.Tensor:
 class TestCollectiveOpTuningUnits(TestCase):
     def setUp(self) -> None:
         super().setUp()
-        tmp = tempfile.TemporaryDirectory(prefix="collective_test_", ignore_cleanup_errors=True)
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
         self.addCleanup(tmp.cleanup)
         self.tmp_path = Path(tmp.name)
 
@@ -158,36 +166,69 @@ class TestCollectiveOpTuningUnits(TestCase):
 
     def test_a_range_keeps_the_nearest_decided_winner_below_else_above(self):
         assert tie_reference(LADDER, "op_range_1_1", {}.get) is None
-        assert tie_reference(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == ("x", "4")
+        assert tie_reference(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == (
+            "x",
+            "4",
+        )
         below_and_above = {"op_range_1_1": "x", "op_range_65_inf": "y"}.get
         assert tie_reference(LADDER, "op_range_5_16", below_and_above) == ("x", "1")
         # The smallest range, timed after the largest, has only ranges above.
-        assert tie_reference(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == ("y", "inf")
+        assert tie_reference(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == (
+            "y",
+            "inf",
+        )
 
     def test_dispatch_branches_follow_sizes_and_merge_neighbours_only(self):
         a = _Group("a", [_Bounds(1, 4), _Bounds(65, math.inf)])
         b = _Group("b", [_Bounds(5, 16), _Bounds(17, 64)])
         branches = _branches([a, b])
         # a up to 4, b up to 64 (two neighbouring ranges merged), a again above.
-        assert [(top, g.impl_name) for top, g in branches] == [(4, "a"), (64, "b"), (math.inf, "a")]
+        assert [(top, g.impl_name) for top, g in branches] == [
+            (4, "a"),
+            (64, "b"),
+            (math.inf, "a"),
+        ]
 
     # -- sampling ----------------------------------------------------------------------
 
     def test_prune_drops_only_the_clearly_slower_and_stops_on_a_tie(self):
         names = ["lead", "close", "slow", "kept"]
         candidates = [type("C", (), {"name": n}) for n in names]
-        low, mid, high = [9.0, 9.5, 15.0, 30.0], [10.0, 10.1, 16.0, 31.0], [11.0, 10.5, 17.0, 32.0]
-        live, settled = prune(
-            [0, 1, 2, 3], low, mid, high, {3}, rounds=3, min_rounds=3, candidates=candidates
+        low, mid, high = (
+            [9.0, 9.5, 15.0, 30.0],
+            [10.0, 10.1, 16.0, 31.0],
+            [11.0, 10.5, 17.0, 32.0],
         )
-        assert live == [0, 1, 3] and not settled  # "slow" dropped; "kept" kept; a tie needs 6 rounds
         live, settled = prune(
-            [0, 1, 3], low, mid, high, {3}, rounds=6, min_rounds=3, candidates=candidates
+            [0, 1, 2, 3],
+            low,
+            mid,
+            high,
+            {3},
+            rounds=3,
+            min_rounds=3,
+            candidates=candidates,
+        )
+        assert (
+            live == [0, 1, 3] and not settled
+        )  # "slow" dropped; "kept" kept; a tie needs 6 rounds
+        live, settled = prune(
+            [0, 1, 3],
+            low,
+            mid,
+            high,
+            {3},
+            rounds=6,
+            min_rounds=3,
+            candidates=candidates,
         )
         assert live == [0, 1, 3] and settled  # "close" within 2% of the leader
 
     def test_a_screen_status_reads_the_same_from_every_ranks_verdicts(self):
-        ok, wrong = [float(Verdict.OK), 0.0, 5.0], [float(Verdict.WRONG_OUTPUT), 7.95, 5.0]
+        ok, wrong = (
+            [float(Verdict.OK), 0.0, 5.0],
+            [float(Verdict.WRONG_OUTPUT), 7.95, 5.0],
+        )
         assert _status([ok, ok], "").status is ChoiceStatus.OK
         assert _status([wrong, ok], "") == (
             ChoiceStatus.REJECTED,
@@ -196,9 +237,10 @@ class TestCollectiveOpTuningUnits(TestCase):
             "reads data before a collective completed",
         )
         wrote = [float(Verdict.WROTE_INPUT), 1.0, 5.0]
-        assert "writes into input 1, which the op does not declare it mutates" in _status(
-            [wrote, wrote], ""
-        ).reason
+        assert (
+            "writes into input 1, which the op does not declare it mutates"
+            in _status([wrote, wrote], "").reason
+        )
         raised = [float(Verdict.RAISED), 0.0, math.inf]
         assert _status([raised, raised], "raised on every rank: x") == (
             ChoiceStatus.RAISED,
@@ -208,11 +250,17 @@ class TestCollectiveOpTuningUnits(TestCase):
     def test_settings_are_validated_in_one_place(self):
         good = BenchmarkSettings(20, 5, 30.0, 1000.0, 500.0, "auto", True, 16384, 4)
         good.validate()
-        with self.assertRaisesRegex(ValueError, "collective_benchmark_nruns=0: an int >= 1"):
+        with self.assertRaisesRegex(
+            ValueError, "collective_benchmark_nruns=0: an int >= 1"
+        ):
             dataclasses.replace(good, nruns=0).validate()
-        with self.assertRaisesRegex(ValueError, "collective_autotune_dynamic_ratio=1: an int >= 2"):
+        with self.assertRaisesRegex(
+            ValueError, "collective_autotune_dynamic_ratio=1: an int >= 2"
+        ):
             dataclasses.replace(good, dynamic_ratio=1).validate()
-        with self.assertRaisesRegex(ValueError, "collective_benchmark_timeout=-1: seconds, > 0"):
+        with self.assertRaisesRegex(
+            ValueError, "collective_benchmark_timeout=-1: seconds, > 0"
+        ):
             dataclasses.replace(good, timeout=-1).validate()
         assert set(good.knobs()) == {
             "collective_benchmark_nruns",
@@ -236,9 +284,14 @@ class TestCollectiveOpTuningUnits(TestCase):
         for gone in ("benchmark_collective_choice", "_run_collective_benchmark"):
             assert not hasattr(AlgorithmSelectorCache, gone), gone
         assert not hasattr(SubgraphChoiceCaller, "benchmark_collective")
-        assert not hasattr(utils, "is_collective_op") and not hasattr(utils, "COLLECTIVE_OPS")
+        assert not hasattr(utils, "is_collective_op") and not hasattr(
+            utils, "COLLECTIVE_OPS"
+        )
         # The flag routes a collective op at the entry point, and goes no further.
-        assert "is_collective" in inspect.signature(AlgorithmSelectorCache.__call__).parameters
+        assert (
+            "is_collective"
+            in inspect.signature(AlgorithmSelectorCache.__call__).parameters
+        )
         for method in (
             "benchmark",
             "autotune",
@@ -246,7 +299,9 @@ class TestCollectiveOpTuningUnits(TestCase):
             "benchmark_choices",
             "make_benchmark_fn",
         ):
-            parameters = inspect.signature(getattr(AlgorithmSelectorCache, method)).parameters
+            parameters = inspect.signature(
+                getattr(AlgorithmSelectorCache, method)
+            ).parameters
             assert "is_collective" not in parameters, method
 
     def test_reading_a_collectives_output_before_waiting_is_found(self):
@@ -268,7 +323,9 @@ class TestCollectiveOpTuningUnits(TestCase):
         )
         assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
 
-    def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(self):
+    def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(
+        self,
+    ):
         from torch._inductor.kernel.collective.waits import with_waits
         from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -283,10 +340,23 @@ class TestCollectiveOpTuningUnits(TestCase):
             return fc.all_reduce_(x.clone(), "sum", "0")
 
         for fn, expected in [
-            (scaled, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
-                      "_c10d_functional.wait_tensor.default", "aten.mul.Tensor"]),
-            (returned, ["aten.clone.default", "_c10d_functional.all_reduce_.default",
-                        "_c10d_functional.wait_tensor.default"]),
+            (
+                scaled,
+                [
+                    "aten.clone.default",
+                    "_c10d_functional.all_reduce_.default",
+                    "_c10d_functional.wait_tensor.default",
+                    "aten.mul.Tensor",
+                ],
+            ),
+            (
+                returned,
+                [
+                    "aten.clone.default",
+                    "_c10d_functional.all_reduce_.default",
+                    "_c10d_functional.wait_tensor.default",
+                ],
+            ),
         ]:
             unwaited = make_fx(fn, tracing_mode="fake")(x)
             assert unwaited_collective(unwaited) != "", fn.__name__
@@ -326,25 +396,40 @@ class TestCollectiveOpTuningUnits(TestCase):
         why = _differing_settings([same, other, same])
         assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_WARMUP" in why
         assert "5 on group ranks [0, 2], 6 on group ranks [1]" in why
-        decision = _decide_graph([{"settings": same, "loaded": ""}, {"settings": other, "loaded": ""}])
+        decision = _decide_graph(
+            [{"settings": same, "loaded": ""}, {"settings": other, "loaded": ""}]
+        )
         assert decision.kind == DecisionKind.MISMATCH
 
     def test_a_cached_graph_is_loaded_only_where_every_rank_loaded_the_same(self):
         settings = {"collective_benchmark_warmup": 5}
-        assert _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind == DecisionKind.LOAD
-        mixed = _decide_graph(
-            [{"settings": settings, "loaded": "g"}, {"settings": settings, "loaded": ""}]
+        assert (
+            _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind
+            == DecisionKind.LOAD
         )
-        assert mixed.kind == DecisionKind.COMPILE and "group ranks [0] hit their caches" in mixed.reason
+        mixed = _decide_graph(
+            [
+                {"settings": settings, "loaded": "g"},
+                {"settings": settings, "loaded": ""},
+            ]
+        )
+        assert (
+            mixed.kind == DecisionKind.COMPILE
+            and "group ranks [0] hit their caches" in mixed.reason
+        )
 
     def test_decisions_round_trip_through_their_encodings(self):
         decision = Decision(DecisionKind.FALLBACK, "late")
         assert Decision.decode(decision.encode().encode()) == decision
-        assert GroupChoice.decode(GroupChoice("x", provisional=True).encode()) == GroupChoice("x", True)
+        assert GroupChoice.decode(
+            GroupChoice("x", provisional=True).encode()
+        ) == GroupChoice("x", True)
 
     def test_code_identity_follows_the_code_not_the_name(self):
         assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
-        assert code_identity(_factory(2.0)) != code_identity(_factory(3.0))  # a value closed over
+        assert code_identity(_factory(2.0)) != code_identity(
+            _factory(3.0)
+        )  # a value closed over
         assert code_identity(_factory(2.0, lambda y: y + 1)) != code_identity(
             _factory(2.0, lambda y: y - 1)
         )
@@ -377,10 +462,17 @@ class TestCollectiveOpTuningUnits(TestCase):
     def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome(self):
         store = dist.HashStore()
         members = [_participant(store, r, 5.0) for r in range(3)]
-        sessions = [CollectiveSession(m, "g", "s", r, [0, 1, 2], 5.0) for r, m in enumerate(members)]
+        sessions = [
+            CollectiveSession(m, "g", "s", r, [0, 1, 2], 5.0)
+            for r, m in enumerate(members)
+        ]
         results: dict[int, list[str]] = {}
         threads = [
-            threading.Thread(target=lambda r=r: results.__setitem__(r, sessions[r].vote("t", f"o{r}")))
+            threading.Thread(
+                target=lambda r=r: results.__setitem__(
+                    r, sessions[r].vote("t", f"o{r}")
+                )
+            )
             for r in range(3)
         ]
         for t in threads:
@@ -390,7 +482,9 @@ class TestCollectiveOpTuningUnits(TestCase):
         assert all(results[r] == ["o0", "o1", "o2"] for r in range(3))
         assert [m.client.requests for m in members] == [4, 4, 4]
 
-    def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at_once(self):
+    def test_silence_ends_a_wait_unless_the_group_progresses_and_an_abort_ends_it_at_once(
+        self,
+    ):
         store = dist.HashStore()
         waiter, worker = _participant(store, 0, 0.4), _participant(store, 1, 0.4)
         silence = Silence(waiter, "g", [0, 1], 0.4)
@@ -416,42 +510,75 @@ class TestCollectiveOpTuningUnits(TestCase):
         assert kept_alive.looked_enough.is_set()
         worker.client.add("ns/g/progress", ABORTED)
         worker.client.set("ns/g/abort", "group rank 1: gone")
-        with self.assertRaisesRegex(CollectiveAutotuneError, "stopped on every rank of the group: group rank 1: gone"):
+        with self.assertRaisesRegex(
+            CollectiveAutotuneError,
+            "stopped on every rank of the group: group rank 1: gone",
+        ):
             wait_until(waiter, ["never"], Silence(waiter, "g", [0, 1], 0.4))
 
-    def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decision(self):
+    def test_a_session_is_joined_once_per_group_and_a_second_graph_reads_its_decision(
+        self,
+    ):
         store = dist.HashStore()
         member = _participant(store, 0, 0.4)
         decide = lambda joins: Decision(DecisionKind.COMPILE, "tune")  # noqa: E731
         fallback = lambda why: Decision(DecisionKind.FALLBACK, why)  # noqa: E731
-        first = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+        first = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree(
+            {}, decide, fallback
+        )
         requests = member.client.requests
-        again = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree({}, decide, fallback)
-        assert again == first and member.client.requests == requests  # read from what it knows
+        again = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree(
+            {}, decide, fallback
+        )
+        assert (
+            again == first and member.client.requests == requests
+        )  # read from what it knows
         # The same plan on another group is another session: joined, decided there.
-        other = CollectiveSession(member, "h", "plan", 0, [0], 0.4).agree({}, decide, fallback)
+        other = CollectiveSession(member, "h", "plan", 0, [0], 0.4).agree(
+            {}, decide, fallback
+        )
         assert other == first and member.client.requests > requests
         # A session that ended in an error has no decision: a later graph says so at once
         # instead of waiting on the Store for one.
         member.client.add("ns/a/progress", ABORTED)
         member.client.set("ns/a/abort", "group rank 1: gone")
         with self.assertRaisesRegex(CollectiveAutotuneError, "group rank 1: gone"):
-            CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
+            CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree(
+                {}, decide, fallback
+            )
         requests = member.client.requests
-        with self.assertRaisesRegex(CollectiveAutotuneError, "ended without a decision"):
-            CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree({}, decide, fallback)
-        assert member.client.requests - requests <= 1, "it waited on the Store for a decision"
+        with self.assertRaisesRegex(
+            CollectiveAutotuneError, "ended without a decision"
+        ):
+            CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree(
+                {}, decide, fallback
+            )
+        assert member.client.requests - requests <= 1, (
+            "it waited on the Store for a decision"
+        )
 
     # -- how far a benchmark's readings can be trusted ---------------------------------
 
     def test_a_pick_is_settled_only_where_the_host_was_quiet(self):
-        from torch._inductor.runtime.collective_benchmarking import ChoiceStatus, ChoiceTiming
-        from torch._inductor.runtime.collective_confidence import CONTENTION_LIMIT, judge
+        from torch._inductor.runtime.collective_benchmarking import (
+            ChoiceStatus,
+            ChoiceTiming,
+        )
+        from torch._inductor.runtime.collective_confidence import (
+            CONTENTION_LIMIT,
+            judge,
+        )
 
         def timing(name, low, mid, high):
-            return ChoiceTiming(name, mid, mid, 1, ChoiceStatus.OK, low_us=low, high_us=high)
+            return ChoiceTiming(
+                name, mid, mid, 1, ChoiceStatus.OK, low_us=low, high_us=high
+            )
 
-        clear = [timing("a", 9.0, 10.0, 10.5), timing("b", 12.0, 13.0, 14.0), timing("c", 30, 31, 32)]
+        clear = [
+            timing("a", 9.0, 10.0, 10.5),
+            timing("b", 12.0, 13.0, 14.0),
+            timing("c", 30, 31, 32),
+        ]
         quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
         settled = judge(clear, "a", quiet, host_paced=True)
         assert settled.settled and settled.runner_up == "b"
@@ -471,7 +598,11 @@ class TestCollectiveOpTuningUnits(TestCase):
 
     def test_collectives_are_recognised_by_their_exact_names_only(self):
         aten, fc = torch.ops.aten, torch.ops._c10d_functional
-        for op in (fc.all_reduce.default, fc.all_reduce, "_c10d_functional::all_gather_into_tensor"):
+        for op in (
+            fc.all_reduce.default,
+            fc.all_reduce,
+            "_c10d_functional::all_gather_into_tensor",
+        ):
             assert is_collective_op(op), op
         assert is_collective_op(torch.ops.c10d.allreduce_.default)
         assert is_collective_op("torch.ops.symm_mem.one_shot_all_reduce.default")
@@ -491,7 +622,9 @@ class TestCollectiveOpTuningUnits(TestCase):
         op = torch.ops.cat_units.broadcast_weights.default
         assert not is_collective_op(op) and not names_a_collective(op)
         # Its implementation calls no collective: nothing makes it one.
-        gm = torch.fx.experimental.proxy_tensor.make_fx(_broadcast_weights)(torch.ones(2, 3))
+        gm = torch.fx.experimental.proxy_tensor.make_fx(_broadcast_weights)(
+            torch.ones(2, 3)
+        )
         assert collective_calls(gm) == []
         # An implementation that calls a functional collective is one.
         graph = torch.fx.Graph()
@@ -499,9 +632,15 @@ class TestCollectiveOpTuningUnits(TestCase):
         reduced = graph.call_function(
             torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
         )
-        graph.output(graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,)))
+        graph.output(
+            graph.call_function(
+                torch.ops._c10d_functional.wait_tensor.default, (reduced,)
+            )
+        )
         calls = collective_calls(torch.fx.GraphModule(torch.nn.Module(), graph))
-        assert [n.target for n in calls] == [torch.ops._c10d_functional.all_reduce.default]
+        assert [n.target for n in calls] == [
+            torch.ops._c10d_functional.all_reduce.default
+        ]
 
     def test_identities_seen_at_compiles_go_with_inductors_caches_registered_ones_stay(
         self,
@@ -519,7 +658,6 @@ class TestCollectiveOpTuningUnits(TestCase):
             assert choices.current_identity(other) is None
         finally:
             choices._registered_identities.pop(name, None)
-
 
     def test_a_graph_calls_a_collective_where_an_op_communicates_or_names_a_group(self):
         from torch._inductor.kernel.collective.detection import collective_calls
