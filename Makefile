@@ -17,11 +17,11 @@ VENV_211 := .venv-2.11
 VPY_211 := $(VENV_211)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test venvs test-2.13 test-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
+.PHONY: demo test lint venvs test-2.13 test-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet torch==$(TORCH) numpy pytest expecttest
+	$(VPY) -m pip install --quiet torch==$(TORCH) numpy pytest expecttest ruff
 	touch $@
 
 $(VENV_213)/.installed: pyproject.toml
@@ -60,20 +60,26 @@ RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_collective_op_tuning*.
 venvs:
 	$(MAKE) -j3 $(VENV)/.installed $(VENV_213)/.installed $(VENV_211)/.installed
 
-# torch 2.13 and 2.11; then every test self-spawning, then the rank tests with every
-# process a rank of torchrun.
-test: venvs overlay test-2.13 test-2.11
+# Upstream's formatter and lint rules (pyproject.toml's [tool.ruff], as pytorch/pytorch's).
+LINTED := torch tools test benchmarks examples
+lint: $(VENV)/.installed
+	$(VPY) -m ruff format --check $(LINTED)
+	$(VPY) -m ruff check $(LINTED)
+
+# Lint; torch 2.13 and 2.11; then every test self-spawning, then the rank tests with
+# every process a rank of torchrun.
+test: venvs lint overlay test-2.13 test-2.11
 	$(VPY) -m pytest test -q
 	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
 	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the size
 # dispatch, upstream's test patterns on every rank, ops that do not communicate.
-MINOR_TESTS := test/tools/test_overlay.py \
+MINOR_TESTS := test/tools/test_overlay.py test/distributed/test_store_session.py \
 	test/inductor/test_collective_op_tuning_contracts.py test/inductor/test_collective_op_tuning_units.py \
 	test/inductor/test_collective_op_tuning_graphs.py test/inductor/test_collective_op_tuning_conformance.py \
 	test/inductor/test_collective_op_tuning_noncollective.py
-MINOR_SELECT := overlay or contract or units or dynamic or split or mix or each_size_range or Upstream or noncollective
+MINOR_SELECT := overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or Upstream or noncollective
 
 test-2.13: overlay-2.13
 	$(VPY_213) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"
