@@ -462,13 +462,23 @@ class TestGraphSessions(TestCase):
 
     @parametrize("device", DEVICE_CASES)
     def test_warm_restart_loads_every_graph_from_the_caches(self, device):
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
-        cold = assert_all_ok(
-            run_ranks(2, cached_body, device=device, env=env, restarts=True)
-        )
-        warm = assert_all_ok(
-            run_ranks(2, cached_body, device=device, env=env, restarts=True)
-        )
+        def job(root: str) -> list:
+            env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / root / "{rank}")}
+            return assert_all_ok(
+                run_ranks(2, cached_body, device=device, env=env, restarts=True)
+            )
+
+        # A pick timed while the host was busy (2 ranks on 2 CPUs can be) is
+        # provisional: its graph is not loaded by the next job, which times it again.
+        # What is tested here is the restart after a settled cold job: a cold job
+        # whose pick came out provisional is started again on empty caches.
+        for attempt in range(3):
+            root = f"attempt{attempt}"
+            cold = job(root)
+            if not any(r.provisional for r in cold[0]["records"]):
+                break
+        assert not any(r.provisional for r in cold[0]["records"])
+        warm = job(root)
         winner = cold[0]["records"][0].winner
         assert cold[0]["records"] == cold[1]["records"]
         for rank in warm:
