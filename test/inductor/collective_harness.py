@@ -36,13 +36,27 @@ import time
 import traceback
 import unittest
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
-from torch.testing._internal.common_utils import subtest
+from torch.testing._internal.common_utils import subtest, TestCase
+
+
+class CollectiveTestCase(TestCase):
+    """A test case with an empty folder of its own, ``self.tmp_path``, for the caches
+    and decisions its ranks keep (removed after the test)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        tmp = tempfile.TemporaryDirectory(
+            prefix="collective_test_", ignore_cleanup_errors=True
+        )
+        self.addCleanup(tmp.cleanup)
+        self.tmp_path = Path(tmp.name)
 
 
 @dataclasses.dataclass

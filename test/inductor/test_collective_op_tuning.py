@@ -15,8 +15,6 @@ import sys
 import time
 import unittest
 
-import tempfile
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,11 +23,11 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 
 import collective_ops as ops
 from collective_harness import (
+    CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
     DEVICE_CASES,
@@ -390,15 +388,7 @@ def accounted_body(r: Rank) -> dict:
     }
 
 
-class TestCollectiveOpTuning(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestCollectiveOpTuning(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     @parametrize("world_size", [2, 4])
     def test_one_all_reduce_op(self, world_size, device):

@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,11 +22,11 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 
 import collective_ops as ops
 from collective_harness import (
+    CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
     DEVICE_CASES,
@@ -256,15 +254,7 @@ def warm_cold_body(r: Rank) -> list:
         )
 
 
-class TestArrivals(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestArrivals(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     def test_rank_arriving_after_the_timeout_follows_the_decision_at_once(self, device):
         results = run_ranks(2, late_rank_body, 1, device=device)

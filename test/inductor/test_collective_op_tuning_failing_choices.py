@@ -5,20 +5,18 @@ rank or on all; each is dropped on every rank alike, or stops every rank clearly
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 
 import collective_ops as ops
 from collective_harness import (
+    CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
     DEVICE_CASES,
@@ -148,15 +146,7 @@ def slow_on_one_rank_body(r: Rank) -> dict:
     return {"error": None, "s": time.monotonic() - begin}
 
 
-class TestFailingChoices(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestFailingChoices(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(
         self, device

@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import tempfile
 
 import torch
 from torch._dynamo.utils import counters
@@ -22,11 +21,11 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 
 import collective_ops as ops
 from collective_harness import (
+    CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
     DEVICE_CASES,
@@ -372,15 +371,7 @@ def cells_of(records) -> list[tuple[float, str]]:
     return cells
 
 
-class TestGraphSessions(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestGraphSessions(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     def test_every_site_of_a_key_in_a_graph_inlines_one_benchmarked_winner(
         self, device

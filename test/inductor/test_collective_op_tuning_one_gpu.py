@@ -10,16 +10,20 @@ Every case skips without CUDA; under torchrun with more than one rank they skip 
 from __future__ import annotations
 
 import json
-import tempfile
 import unittest
-from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import run_tests
 
 import collective_ops as ops
-from collective_harness import assert_all_ok, compile_and_check, Rank, run_ranks
+from collective_harness import (
+    CollectiveTestCase,
+    assert_all_ok,
+    compile_and_check,
+    Rank,
+    run_ranks,
+)
 from collective_scenarios import decision_files, NO_GRAPH_CACHES
 from test_collective_op_tuning import check_agreement, one_op_body
 from test_collective_op_tuning_failing_choices import writes_input_body
@@ -88,15 +92,7 @@ def graph_mode_one_op_body(r: Rank) -> list:
 
 
 @unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
-class TestOneGpu(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestOneGpu(CollectiveTestCase):
     def test_one_op_is_screened_and_timed_on_one_gpu(self):
         (record,) = check_agreement(run_ranks(1, one_op_body, device="cuda"), 1, 1)
         assert record.mode == "eager" and record.group_ranks == (0,)

@@ -6,8 +6,6 @@ job nor a restarted attempt inherits it).
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
 import torch
 from torch._inductor.runtime import collective_protocol
@@ -15,11 +13,11 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 
 import collective_ops as ops
 from collective_harness import (
+    CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
     environment,
@@ -95,15 +93,7 @@ def restarted_attempt_body(r: Rank) -> dict:
         return {"first": first, "second": late_then_on_time_body(r, False)}
 
 
-class TestKeptDecisions(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestKeptDecisions(CollectiveTestCase):
     def test_an_edited_decision_file_is_screened_and_never_runs_a_wrong_choice(self):
 
         env = {

@@ -31,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -44,11 +43,10 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
     run_tests,
-    TestCase,
 )
 
 import collective_ops as ops
-from collective_harness import Rank, run_ranks, under_torchrun
+from collective_harness import CollectiveTestCase, Rank, run_ranks, under_torchrun
 from store_loss_rank import PATIENCE_S
 from test_collective_op_tuning_failing_choices import dies_while_building_body
 
@@ -266,15 +264,7 @@ def store_lost_body(r: Rank, autotune: bool) -> dict:
 # -- the Store hosted by a rank that dies mid-session ----------------------------------------
 
 
-class TestStoreLoss(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestStoreLoss(CollectiveTestCase):
     def test_the_heartbeat_and_the_session_share_one_deadline_and_a_lost_store_is_not_asked_again(
         self,
     ):

@@ -10,8 +10,6 @@ import dataclasses
 import json
 import math
 import threading
-import tempfile
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -45,7 +43,9 @@ from torch._inductor.runtime.collective_protocol import (
     DecisionKind,
     StoreClient,
 )
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import run_tests
+
+from collective_harness import CollectiveTestCase
 from torch.distributed._store_session import (
     ABORTED,
     Liveness,
@@ -135,15 +135,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-class TestCollectiveOpTuningUnits(TestCase):
-    def setUp(self) -> None:
-        super().setUp()
-        tmp = tempfile.TemporaryDirectory(
-            prefix="collective_test_", ignore_cleanup_errors=True
-        )
-        self.addCleanup(tmp.cleanup)
-        self.tmp_path = Path(tmp.name)
-
+class TestCollectiveOpTuningUnits(CollectiveTestCase):
     def test_ranges_are_tuned_coarse_to_fine_largest_first(self):
         assert _bisection_order(1) == [0]
         assert _bisection_order(2) == [1, 0]
