@@ -9,7 +9,9 @@ The patch is a series, one concern per patch: patches/series/NNNN-<slug>*.patch,
 message (Subject, why, what changes in behaviour) then a unified diff. Minors share a
 patch's text: NNNN-<slug>.patch holds the hunks every minor of that patch shares, and
 NNNN-<slug>.torch-<minors>.patch the hunks whose upstream text only those minors have
-(its Torch-Minors trailer says which; Other-Part names the rest of the patch).
+(its Torch-Minors trailer says which; Other-Part names the rest of the patch). Only the
+part shared by the most minors carries the message; every other part has a short header
+whose Message-In trailer names that part.
 patches/torch-<minor>.series lists the files that apply to a minor, in order.
 
 `apply` links every file under this repository's torch/ into the installed torch (so
@@ -47,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 
@@ -281,6 +284,13 @@ def make_diff(path: str, pristine: Path, edited: Path) -> str:
 _NUMBER = re.compile(r"^(\d{4})-([a-z0-9-]+?)(?:\.torch-([0-9.+]+))?\.patch$")
 _MINORS_TRAILER = "Torch-Minors:"  # the trailers write_concern adds to a message
 _PARTS_TRAILER = "Other-Part:"
+_MESSAGE_TRAILER = "Message-In:"  # a part without the message: the part that has it
+_TRAILERS = (_MINORS_TRAILER, _PARTS_TRAILER, _MESSAGE_TRAILER)
+
+
+def _strip_trailers(head: str) -> str:
+    kept = [ln for ln in head.splitlines() if not ln.startswith(_TRAILERS)]
+    return "\n".join(kept).rstrip() + "\n"
 
 
 @dataclasses.dataclass
@@ -305,12 +315,35 @@ class Patch:
         return f"patches/series/{self.name}"
 
     @property
+    def head(self) -> str:
+        """What this file holds before the diff: a message or a short header, then the
+        trailers."""
+        return self.text.split("\n---\n", 1)[0]
+
+    @property
+    def message_in(self) -> str | None:
+        """The part of this patch that holds its message, when this part holds only a
+        short header (its Message-In trailer); None when this part holds it."""
+        for line in self.head.splitlines():
+            if line.startswith(_MESSAGE_TRAILER):
+                return line[len(_MESSAGE_TRAILER) :].strip()
+        return None
+
+    @property
     def message(self) -> str:
-        """The header before the diff, without the trailer naming its minors."""
-        head = self.text.split("\n---\n", 1)[0]
-        trailers = (_MINORS_TRAILER, _PARTS_TRAILER)
-        kept = [ln for ln in head.splitlines() if not ln.startswith(trailers)]
-        return "\n".join(kept).rstrip() + "\n"
+        """The patch's message, without the trailers write_concern adds: this part's
+        header, or, for a part with a short header, the message of the part its
+        Message-In names."""
+        main = self.message_in
+        if main is None:
+            return _strip_trailers(self.head)
+        holder = read_patch(main)
+        if holder.message_in is not None:
+            raise OverlayError(
+                f"{self.label}: its message is in {main}, which has no message either "
+                f"(Message-In: {holder.message_in})"
+            )
+        return _strip_trailers(holder.head)
 
     @property
     def n_hunks(self) -> int:
@@ -406,14 +439,33 @@ def _patch_name(number: str, slug: str, minors: tuple[str, ...], every: bool) ->
     return f"{number}-{slug}.torch-{'+'.join(minors)}.patch"
 
 
+def _part_header(
+    message: str, fallback: str, minors: tuple[str, ...], main: str
+) -> str:
+    """The short header of a part that does not carry the message (MAIN does)."""
+    subject = next((ln for ln in message.splitlines() if ln.startswith("Subject:")), "")
+    subject = subject.removeprefix("Subject:").strip().removeprefix("[PATCH]").strip()
+    which = "+".join(minors)
+    sentence = textwrap.fill(
+        f"These are the hunks of the patch whose upstream text only torch {which} has; "
+        f"its message is in {main}.",
+        width=88,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return f"Subject: [PATCH] {subject or fallback} (torch {which} part)\n\n{sentence}"
+
+
 def write_concern(
     number: str, slug: str, message: str, hunks_by_minor: dict[str, list[FilePatch]]
 ) -> dict[str, list[str]]:
     """Write one concern of the series (one patch, as each minor needs it): every hunk
     once, in the file of the minors whose text it is. Hunks that every minor shares go
     to NNNN-SLUG.patch; the others (upstream's text differs there) to
-    NNNN-SLUG.torch-<minors>.patch. Returns each minor's files, in order; the callers
-    put them in the series files."""
+    NNNN-SLUG.torch-<minors>.patch. The part shared by the most minors carries MESSAGE;
+    the others a short header whose Message-In trailer names that part (a reviewer
+    reads the message once). Returns each minor's files, in order; the callers put them
+    in the series files."""
     minors = sorted(hunks_by_minor, key=_minor_key)
     owners: dict[tuple, list[str]] = {}
     found: dict[tuple, tuple[str, int, Hunk]] = {}  # key -> (path, order, hunk)
@@ -435,6 +487,7 @@ def write_concern(
     every = {
         who: _patch_name(number, slug, who, len(who) == len(minors)) for who in ordered
     }
+    main = every[ordered[0]] if ordered else ""
     for who in ordered:
         name = every[who]
         diff = ""
@@ -447,7 +500,12 @@ def write_concern(
         trailer += "".join(
             f"\n{_PARTS_TRAILER} {n}" for n in every.values() if n != name
         )
-        (SERIES / name).write_text(f"{message.rstrip()}\n\n{trailer}\n---\n{diff}")
+        if name == main:
+            head = message.rstrip()
+        else:
+            head = _part_header(message, f"{number}-{slug}", who, main)
+            trailer += f"\n{_MESSAGE_TRAILER} {main}"
+        (SERIES / name).write_text(f"{head}\n\n{trailer}\n---\n{diff}")
         for minor in who:
             names[minor].append(name)
     return names

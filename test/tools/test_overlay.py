@@ -170,11 +170,12 @@ def test_every_series_lists_its_patches_in_order_each_with_a_message():
         assert [n[:4] for n in names] == sorted(n[:4] for n in names), minor
         for patch in _series(minor):
             assert patch.files, patch.name  # a patch that changes nothing is no patch
-            head = patch.text.split("\n---\n", 1)[0]
-            subject, _, body = head.partition("\n\n")
+            assert patch.head.startswith("Subject: [PATCH] "), patch.name
+            # A part with a short header gives the message of the part it names.
+            subject, _, body = patch.message.partition("\n\n")
             assert subject.startswith("Subject: [PATCH] "), patch.name
             assert "Why:" in body and "Behaviour:" in body, patch.name
-            trailer = re.search(r"^Torch-Minors: (.+)$", head, re.MULTILINE)
+            trailer = re.search(r"^Torch-Minors: (.+)$", patch.head, re.MULTILINE)
             assert trailer and minor in trailer.group(1).split(), patch.name
 
 
@@ -441,7 +442,8 @@ def test_status_names_a_patch_changed_since_it_was_applied(tmp_path, patches_cop
     assert "STALE" not in overlay_tool.status(install)
     patch = _series(minor)[1]
     path = patches_copy / "series" / patch.name
-    path.write_text(path.read_text().replace("Why:", "Why (reworded):", 1))
+    # Every part has a Subject line (only one of a patch's parts has its "Why:").
+    path.write_text(path.read_text().replace("[PATCH] ", "[PATCH] reworded: ", 1))
     status = overlay_tool.status(install)
     assert (
         f"STALE   {patch.name} changed since it was applied; run apply again" in status
@@ -587,14 +589,84 @@ def test_edit_upto_writes_the_files_as_the_patches_through_it_leave_them(tmp_pat
         assert (work / rel).read_text() == text
 
 
+def _refresh_unchanged(tmp_path: Path, minor: str, tag: str) -> None:
+    """Refresh every patch of MINOR's series from a work dir `edit` wrote."""
+    for number in dict.fromkeys(p.number for p in _series(minor)):
+        work = tmp_path / f"work-{tag}-{number}"
+        overlay_tool.edit(minor, PRISTINE[minor][1], work, number)
+        overlay_tool.refresh(minor, PRISTINE[minor][1], work, number)
+
+
+def _contents(patches: Path) -> dict[str, object]:
+    """What the series says, whichever part of a patch carries its message: the series
+    files, and each patch file's message, trailers (but Message-In) and diff."""
+    out: dict[str, object] = {}
+    for path in sorted(patches.rglob("*")):
+        rel = str(path.relative_to(patches))
+        if path.suffix == ".series":
+            out[rel] = path.read_text()
+        elif path.suffix == ".patch":
+            patch = overlay_tool.read_patch(path.name)
+            trailers = [
+                ln
+                for ln in patch.head.splitlines()
+                if ln.startswith(("Torch-Minors:", "Other-Part:"))
+            ]
+            out[rel] = (patch.message, trailers, patch.text.split("\n---\n", 1)[1])
+    return out
+
+
 def test_refresh_unchanged_rewrites_nothing(tmp_path, patches_copy):
     minor = _at_hand()
-    before = _tree(patches_copy)
-    for patch in dict.fromkeys(p.number for p in _series(minor)):
-        work = tmp_path / f"work-{patch}"
-        overlay_tool.edit(minor, PRISTINE[minor][1], work, patch)
-        overlay_tool.refresh(minor, PRISTINE[minor][1], work, patch)
-    assert _tree(patches_copy) == before
+    before = _contents(patches_copy)
+    _refresh_unchanged(tmp_path, minor, "first")
+    # The same files, messages and diffs (a series written before parts had short
+    # headers gets them now); a second refresh rewrites nothing, byte for byte.
+    assert _contents(patches_copy) == before
+    after = _tree(patches_copy)
+    _refresh_unchanged(tmp_path, minor, "again")
+    assert _tree(patches_copy) == after
+
+
+def _minors_of(patch) -> list[str]:
+    return re.search(r"^Torch-Minors: (.+)$", patch.head, re.MULTILINE).group(1).split()
+
+
+def test_only_one_part_of_a_patch_carries_its_message(tmp_path, patches_copy):
+    """After refresh, the part shared by the most minors holds the message; every other
+    part a short header naming it, and Patch.message gives every part the message."""
+    minor = _at_hand()
+    numbers = dict.fromkeys(p.number for p in _series(minor))
+    messages = {
+        number: overlay_tool.read_patch(
+            next(n for n in overlay_tool.series_names(minor) if n[:4] == number)
+        ).message
+        for number in numbers
+    }
+    for tag in ("first", "again"):  # the second reads the message through Message-In
+        _refresh_unchanged(tmp_path, minor, tag)
+        for number in numbers:
+            parts = [
+                overlay_tool.read_patch(p.name)
+                for p in sorted(patches_copy.glob(f"series/{number}-*.patch"))
+            ]
+            message = messages[number]
+            why = message[message.index("Why:") :].split("\n\n", 1)[0]
+            holders = [p for p in parts if why in p.head]
+            assert len(holders) == 1, [p.name for p in holders]
+            main = holders[0]
+            assert main.message_in is None
+            assert len(_minors_of(main)) == max(len(_minors_of(p)) for p in parts)
+            subject = message.splitlines()[0]
+            for part in parts:
+                assert part.message == message, part.name
+                if part is main:
+                    continue
+                assert part.message_in == main.name
+                which = part.name.split(".torch-")[1][: -len(".patch")]
+                assert part.head.startswith(f"{subject} (torch {which} part)\n\n")
+                assert f"\nMessage-In: {main.name}" in part.head
+                assert "Behaviour:" not in part.head
 
 
 def test_refresh_splits_a_shared_hunk_into_per_minor_parts(tmp_path, patches_copy):
@@ -679,8 +751,21 @@ def test_write_concern_stores_each_hunk_once_in_the_file_of_its_minors(patches_c
     assert "Torch-Minors: 2.11 2.13 2.14\n" in files["0009-demo.patch"]
     assert files["0009-demo.torch-2.13+2.14.patch"].endswith(pair)
     assert files["0009-demo.torch-2.11.patch"].endswith(alone_11)
-    part = overlay_tool.read_patch("0009-demo.torch-2.11.patch")
-    assert part.message == "Subject: [PATCH] demo\n\nWhy: a test.\n\nBehaviour: none.\n"
+    message = "Subject: [PATCH] demo\n\nWhy: a test.\n\nBehaviour: none.\n"
+    assert files["0009-demo.patch"].startswith(message)
+    assert "Message-In" not in files["0009-demo.patch"]
+    assert files["0009-demo.torch-2.11.patch"].startswith(
+        "Subject: [PATCH] demo (torch 2.11 part)\n\n"
+        "These are the hunks of the patch whose upstream text only torch 2.11 has; "
+        "its message is\nin 0009-demo.patch.\n\n"
+        "Torch-Minors: 2.11\n"
+        "Other-Part: 0009-demo.patch\n"
+        "Other-Part: 0009-demo.torch-2.13+2.14.patch\n"
+        "Message-In: 0009-demo.patch\n---\n"
+    )
+    for name in files:
+        assert "Why:" not in files[name] or name == "0009-demo.patch"
+        assert overlay_tool.read_patch(name).message == message
     for minor in ("2.11", "2.13"):
         patches = [overlay_tool.read_patch(n) for n in names[minor]]
         out, problems = overlay_tool.apply_series(
