@@ -290,40 +290,94 @@ def break_cond_lowering() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.dict(lowering.lowerings, {torch.ops.higher_order.cond: cond})
 
 
-def check_cache_hits_pass_the_gate() -> None:
-    """FxGraphCache.cache_hit_post_compile asks the collective gate about every hit,
-    with the decisions the compiled graph records (CompiledFxGraph.collective_decisions)."""
+def _compile_twice(**patches: Any) -> None:
+    """Compile one graph twice on fresh caches, the FX-graph cache on: a miss, then a
+    lookup that finds the first's entry."""
     from torch._inductor import config
+
+    with fresh_inductor(), config.patch(fx_graph_cache=True, **patches):
+        for _ in range(2):
+            torch._dynamo.reset()
+            torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.randn(4))
+
+
+def check_cache_lookup_passes_over_unusable_entries() -> None:
+    """FxGraphCache's lookup asks cached_graph_usable (through GuardedCache._usable)
+    of every candidate entry of a key, and passes over one it refuses: a miss."""
+    from torch._dynamo.utils import counters
     from torch._inductor.kernel.collective import hooks
+    from torch._inductor.output_code import CompiledFxGraph
 
     asked: list[Any] = []
 
-    def gate(decisions: Any) -> bool:
-        asked.append(decisions)
-        return True
+    def usable(graph: Any) -> bool:
+        asked.append(graph)
+        return False
+
+    counters.clear()
+    with mock.patch.object(hooks, "cached_graph_usable", usable):
+        _compile_twice()
+    if not asked or not isinstance(asked[0], CompiledFxGraph):
+        raise ContractBroken(f"the lookup did not ask about its entry (asked: {asked})")
+    if counters["inductor"]["fxgraph_cache_hit"]:
+        raise ContractBroken("an entry the collective check refused was a hit")
+
+
+def break_cache_lookup() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.codecache import FxGraphCache
+
+    # A lookup that no longer consults _usable (as upstream's without the overlay).
+    return mock.patch.object(
+        FxGraphCache, "_usable", classmethod(lambda cls, candidate: True)
+    )
+
+
+def check_cache_hits_ask_the_group() -> None:
+    """After an FX-graph cache hit, compile_fx asks group_takes_cached_graph with the
+    CompiledFxGraph and the lookup's cache_info before it uses the graph; where the
+    group does not take it, the graph is compiled (a miss)."""
+    from torch._inductor import compile_fx
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.output_code import CompiledFxGraph
+
+    asked: list[Any] = []
+    compiled: list[Any] = []
+    codegen = compile_fx.fx_codegen_and_compile
+
+    def group_takes(graph: Any, cache_info: Any = None) -> bool:
+        asked.append((graph, cache_info))
+        cache_info["cache_state"] = "miss"
+        return False
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        compiled.append(args)
+        return codegen(*args, **kwargs)
 
     with (
-        fresh_inductor(),
-        config.patch(fx_graph_cache=True),
-        mock.patch.object(hooks, "cached_graph_may_load", gate),
+        mock.patch.object(hooks, "group_takes_cached_graph", group_takes),
+        mock.patch.object(compile_fx, "fx_codegen_and_compile", spy),
     ):
-        for _ in range(2):  # a miss, then a hit
-            torch._dynamo.reset()
-            torch.compile(lambda x: x.sin() + 1, fullgraph=True)(torch.randn(4))
-    if not asked or not isinstance(asked[0], tuple):
+        _compile_twice()
+    if not asked or not isinstance(asked[0][0], CompiledFxGraph):
+        raise ContractBroken(f"a hit did not ask the group (asked: {asked})")
+    if not isinstance(asked[0][1], dict) or len(compiled) != 2:
         raise ContractBroken(
-            f"a cache hit did not ask the collective gate (asked: {asked})"
+            f"a hit the group refused was not compiled ({len(compiled)} compiles)"
         )
 
 
 def break_cache_hits() -> contextlib.AbstractContextManager[Any]:
     from torch._inductor.codecache import FxGraphCache
 
-    def hit(graph: Any, cache_info: Any, constants: Any) -> Any:
-        graph.after_deserialization(constants)
-        return graph, cache_info
+    # Upstream's compile no longer gets its hits from load_with_key (the call the
+    # overlay follows with the group's check): every lookup there is a miss.
+    original = FxGraphCache.load_with_key
 
-    return mock.patch.object(FxGraphCache, "cache_hit_post_compile", staticmethod(hit))
+    def load_with_key(*args: Any, **kwargs: Any) -> Any:
+        _, cache_info = original(*args, **kwargs)
+        return None, {**cache_info, "cache_state": "miss"}
+
+    return mock.patch.object(FxGraphCache, "load_with_key", staticmethod(load_with_key))
 
 
 def check_compiled_graphs_record_decisions() -> None:
@@ -1695,9 +1749,16 @@ CONTRACTS: list[Contract] = [
         needs_overlay=True,
     ),
     Contract(
-        "FxGraphCache.cache_hit_post_compile asks the collective gate about every hit",
-        "graph_sessions.cached_graph_may_load",
-        check_cache_hits_pass_the_gate,
+        "FxGraphCache's lookup passes over entries cached_graph_usable refuses",
+        "graph_sessions.cached_graph_usable",
+        check_cache_lookup_passes_over_unusable_entries,
+        break_cache_lookup,
+        needs_overlay=True,
+    ),
+    Contract(
+        "compile_fx asks group_takes_cached_graph about every FX-graph cache hit",
+        "graph_sessions.group_takes_cached_graph",
+        check_cache_hits_ask_the_group,
         break_cache_hits,
         needs_overlay=True,
     ),
@@ -1918,7 +1979,7 @@ CONTRACTS: list[Contract] = [
     ),
     Contract(
         "the functorch bundled_autograd_cache knob",
-        "hooks.note_registration",
+        "test_collective_op_tuning_graphs: bundled graphs are the group's",
         check_bundled_autograd_cache,
         break_bundled_autograd_cache,
     ),

@@ -125,12 +125,16 @@ def restart(root: Path, **env: str) -> list:
 # -- compile caches stay on ----------------------------------------------------------------
 
 
-def cached_body(r: Rank) -> dict:
+def cached_body(r: Rank, bundled: bool = False) -> dict:
+    from torch._functorch import config as functorch_config
+
     register_two_choices()
     counters.clear()
-    records = compile_and_check(
-        stack(r.group.group_name, 3, r.device), torch.randn(8, 16, device=r.device)
-    )
+    # bundled: AOTAutograd's cache keeps the compiled graphs in its own entries.
+    with functorch_config.patch(bundled_autograd_cache=bundled):
+        records = compile_and_check(
+            stack(r.group.group_name, 3, r.device), torch.randn(8, 16, device=r.device)
+        )
     return {
         "records": records,
         "fx_hits": counters["inductor"]["fxgraph_cache_hit"],
@@ -489,6 +493,24 @@ class TestGraphSessions(CollectiveTestCase):
         )
         # The warm rank's hit became a miss: both compiled and tuned together.
         assert warm["fx_hits"] == 0
+        assert warm["records"] == cold["records"]
+        assert warm["records"][0].source == "benchmark"
+
+    def test_aot_autograd_bundled_graphs_are_the_groups_too(self):
+        # AOTAutograd's bundled cache holds the compiled graph in its own entry, found
+        # without the FX-graph cache's lookup: a warm rank's hit is still the group's.
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
+        first = assert_all_ok(run_ranks(2, cached_body, True, env=env, restarts=True))
+        if any(r.provisional for r in first[0]["records"]):
+            self.skipTest("the cold job's pick was provisional (a busy host)")
+        both = assert_all_ok(run_ranks(2, cached_body, True, env=env, restarts=True))
+        for rank in both:
+            assert rank["aot_hits"] > 0 and rank["records"][0].source == "cache"
+        shutil.rmtree(self.tmp_path / "1")
+        warm, cold = assert_all_ok(
+            run_ranks(2, cached_body, True, env=env, restarts=True)
+        )
+        assert warm["aot_hits"] == 0
         assert warm["records"] == cold["records"]
         assert warm["records"][0].source == "benchmark"
 

@@ -136,7 +136,9 @@ class TestKeptDecisions(CollectiveTestCase):
         status = {t.name: t.reason for t in again.timings}
         assert "output differs from the reference" in status["candidate"], status
 
-    def test_a_graph_inlining_a_fallback_is_not_loaded_by_the_next_job(self):
+    def test_a_graph_inlining_a_fallback_is_not_loaded_by_the_next_job_but_the_settled_one_is(
+        self,
+    ):
         env = {
             "TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")
         }  # the FX-graph cache on
@@ -156,6 +158,14 @@ class TestKeptDecisions(CollectiveTestCase):
             and next_job.source == "benchmark"
             and not next_job.provisional
         )
+        # The FX-graph cache now holds two entries for the graph's key: the fallback's
+        # and the settled one. The lookup passes over the first, so the third job loads
+        # the settled graph and times nothing.
+        third = assert_all_ok(
+            run_ranks(2, late_then_on_time_body, False, env=env, restarts=True)
+        )
+        for (record,) in third:
+            assert record.source == "cache" and record.winner == next_job.winner, record
 
     def test_a_restarted_attempt_does_not_inherit_the_fallback_of_the_first(self):
         a, b = assert_all_ok(run_ranks(2, restarted_attempt_body, env=NO_GRAPH_CACHES))

@@ -70,9 +70,6 @@ def _version_of(torch_dir: Path) -> str:
 def _pristine_at_hand() -> dict[str, tuple[str, Path]]:
     """Each minor whose pristine files are at hand: its version, their site folder."""
     found: dict[str, tuple[str, Path]] = {}
-    shared = REPO.parent / "shared" / "upstream" / "torch-2.11.0"
-    if shared.is_dir():
-        found["2.11"] = ("2.11.0", shared)
     installed = Path(torch.__file__).parent
     candidates = [installed]
     candidates += sorted(REPO.glob(".venv*/lib/python*/site-packages/torch"))
@@ -83,6 +80,11 @@ def _pristine_at_hand() -> dict[str, tuple[str, Path]]:
             found.setdefault(_minor(version), (version, state))
         elif torch_dir == installed:
             found.setdefault(_minor(version), (version, torch_dir.parent))
+    # 2.11's Inductor files kept beside the repository, where no venv has 2.11 (the
+    # series also patches files outside torch/_inductor, which only a venv has).
+    shared = REPO.parent / "shared" / "upstream" / "torch-2.11.0"
+    if shared.is_dir():
+        found.setdefault("2.11", ("2.11.0", shared))
     return found
 
 

@@ -866,37 +866,83 @@ def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     )
 
 
-def cached_graph_may_load(decisions: Sequence[InlinedDecision]) -> bool:
-    """Whether a cached graph that inlines ``decisions`` may be used.
-
-    True for graphs without collective decisions. Otherwise every inlined decision
-    must be the group's: already decided so in this attempt, or, made for the group's
-    current environment (size, backend, device model, interconnect, NVLS, torch and
-    NCCL versions) and code, not provisional, and loaded identically by every rank of
-    the group (one session per group). A hit that fails this is a miss, and the
-    session it joined passes on to the compile that follows.
-    ``FxGraphCache.cache_hit_post_compile`` asks this of every hit (also those of
-    AOTAutograd entries).
-    """
-    from torch._inductor import config
-
-    if not decisions:
-        return True
+def _sites_of(
+    decisions: Sequence[InlinedDecision],
+) -> dict[tuple[str, str], list[InlinedDecision]] | None:
+    """``decisions`` by the group and plan of their session, or None where this
+    process may take no cached decision: collective autotuning off, no process
+    group, or the retune knob set."""
     import torch.distributed as dist
+    from torch._inductor import config
 
     if not (
         config.collective_autotune and dist.is_available() and dist.is_initialized()
     ):
-        return False
+        return None
     if config.collective_autotune_retune:
+        return None
+    sites: dict[tuple[str, str], list[InlinedDecision]] = {}
+    for decision in decisions:
+        sites.setdefault((decision.group_name, decision.plan), []).append(decision)
+    return sites
+
+
+def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
+    """Whether this rank can use a cached graph that inlines ``decisions``, by what
+    it knows alone: no decision provisional, each made in this environment (size,
+    backend, device model, interconnect, NVLS, torch and NCCL versions) for today's
+    code. No network: the FX-graph cache's lookup asks it of every candidate entry of
+    a key and passes over the ones it refuses, as over one whose guards fail, so that
+    a graph compiled with a provisional pick does not hide the one compiled after the
+    pick settled. True for graphs without collective decisions."""
+    if not decisions:
+        return True
+    sites = _sites_of(decisions)
+    if sites is None:
+        return False
+    for (group_name, _), inlined in sorted(sites.items()):
+        group = _resolve(group_name)
+        why_not = (
+            f"it was compiled for group {group_name}, which this job does not have"
+            if group is None
+            else _why_not_loadable(group, inlined, _held_here(group, inlined))
+        )
+        if why_not:
+            log.info("a cached graph is passed over: %s", why_not)
+            return False
+    return True
+
+
+def _held_here(
+    group: ProcessGroup, inlined: list[InlinedDecision]
+) -> dict[str, GroupChoice | None]:
+    """The group's decisions for the keys of ``inlined`` that this process read or
+    published in this attempt (no network)."""
+    from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
+
+    decisions = group_decisions(group, BenchmarkSettings.from_config().timeout)
+    known = {d.key: decisions.known(d.key) for d in inlined}
+    return {k: None if v is None else GroupChoice.decode(v) for k, v in known.items()}
+
+
+def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
+    """Whether the group of every decision a cache hit inlines takes it: each
+    decision is the group's (decided so in this attempt already, or every rank of
+    the group found this same graph usable in its cache, one session per group).
+    False turns the hit into a miss, and the session it joined passes on to the
+    compile that follows. Called by the compile after its cache lookup, before it
+    uses a hit (compile_fx for the FX-graph cache, AOTAutograd for its entries), so
+    that the cache's lookup does no network. True for graphs without collective
+    decisions."""
+    if not decisions:
+        return True
+    sites = _sites_of(decisions)
+    if sites is None:
         return False
     from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 
     dynamo_callbacks.install(compiling=True)
     settings = BenchmarkSettings.from_config()
-    sites: dict[tuple[str, str], list[InlinedDecision]] = {}
-    for decision in decisions:
-        sites.setdefault((decision.group_name, decision.plan), []).append(decision)
     for (group_name, plan), inlined in sorted(sites.items()):
         if not _group_loads(group_name, plan, inlined, settings):
             return False
@@ -912,7 +958,7 @@ def _group_loads(
     settings: BenchmarkSettings,
 ) -> bool:
     """Whether the group of ``group_name`` takes the decisions ``inlined`` in a cached
-    graph of ``plan``, as :func:`cached_graph_may_load` says."""
+    graph of ``plan``, as :func:`group_takes_cached_graph` says."""
     embedded = {d.key: GroupChoice(d.winner, d.provisional) for d in inlined}
     group = _resolve(group_name)
     if group is None:
@@ -933,7 +979,7 @@ def _group_loads(
         plan,
     ) in _pending:  # this hit's graph was already decided to be compiled
         return False
-    why_not = _why_not_loadable(group, inlined)
+    why_not = _why_not_loadable(group, inlined, current)
     if why_not:
         # This rank cannot use the hit; joining with nothing loaded tells its peers.
         log.info("a cached graph is not used: %s; compiling it", why_not)
@@ -952,12 +998,21 @@ def _group_loads(
     )
 
 
-def _why_not_loadable(group: ProcessGroup, inlined: list[InlinedDecision]) -> str:
-    """Why this rank cannot load decisions ``inlined`` in a cached graph, or "": one
-    was provisional (it held for its own attempt only), or made in another
-    environment, or for code that has changed since."""
+def _why_not_loadable(
+    group: ProcessGroup,
+    inlined: list[InlinedDecision],
+    held: dict[str, GroupChoice | None],
+) -> str:
+    """Why this rank cannot load decisions ``inlined`` in a cached graph, or "": the
+    group holds another decision for a key in this attempt (``held``, what this rank
+    knows of it); or one was provisional (it held for its own attempt only) and the
+    group does not hold it now; or made in another environment; or for code that has
+    changed since."""
     for d in inlined:
-        if d.provisional:
+        holds = held.get(d.key)
+        if holds is not None and holds != GroupChoice(d.winner, d.provisional):
+            return f"it inlines {d.winner} for {d.op}, the group decided {holds.winner}"
+        if d.provisional and holds is None:
             return (
                 f"its decision for {d.op} was provisional in an earlier job (a "
                 "fallback, or timed without confidence)"

@@ -36,7 +36,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel.collective import dispatch, dynamo_callbacks, selection
+from torch._inductor.kernel.collective import (
+    dispatch,
+    dynamo_callbacks,
+    graph_sessions,
+    selection,
+)
 from torch._inductor.kernel.collective.choice_modules import neighbours_of_site
 from torch._inductor.kernel.collective.choices import (
     check_own_implementation,
@@ -66,10 +71,7 @@ from torch._inductor.kernel.collective.dispatch import (
     lower_size_dispatch,
     lowered_once,  # torch 2.11's lowering registry
 )
-from torch._inductor.kernel.collective.graph_sessions import (
-    cached_graph_may_load,
-    inlined_decisions,
-)
+from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
 from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
     CollectiveAutotuneRecord,
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from torch._inductor.ir import ChoiceCaller
+    from torch._inductor.output_code import CompiledFxGraph
 
 
 # The hooks upstream's patched files call (the only names they import from collective
@@ -92,12 +95,13 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectiveAutotuneRecord",
     "InlinedDecision",
-    "cached_graph_may_load",
+    "cached_graph_usable",
     "collective_autotune_records",
     "collective_output_node",
     "detect_collective",
     "dynamic_ladder",
     "format_record",
+    "group_takes_cached_graph",
     "inlined_decisions",
     "lower_size_dispatch",
     "lowered_once",
@@ -113,19 +117,12 @@ table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) -> None:
     """Called by register_custom_op_autotuning for every op it registers, with its
     CustomOpConfigs (none for a config generator's)."""
-    from torch._functorch import config as functorch_config
 
     collective = names_a_collective(op)
     register(op, configs, collective)
     if not collective:
         return
     dynamo_callbacks.install(compiling=False)
-    if functorch_config.bundled_autograd_cache:
-        _warn_once(
-            "torch._functorch.config.bundled_autograd_cache loads compiled graphs "
-            f"without the FX-graph cache, so cached graphs that inline {op_name(op)} "
-            "are not checked against the group's decisions; turn it off under torchrun"
-        )
 
 
 def prepare_choices(
@@ -356,6 +353,33 @@ def _communication(
         collective = collective or bool(own.groups)
         groups.extend(own.groups)
     return collective, groups
+
+
+def cached_graph_usable(graph: CompiledFxGraph) -> bool:
+    """Asked by the FX-graph cache's lookup of every candidate entry of a key: False
+    passes over a graph whose collective decisions this rank cannot take (provisional,
+    made in another environment or for changed code), to the key's next entry. Reads
+    nothing over the network."""
+    return graph_sessions.cached_graph_usable(graph.collective_decisions)
+
+
+def group_takes_cached_graph(
+    graph: CompiledFxGraph, cache_info: dict[str, Any] | None = None
+) -> bool:
+    """Asked by the compile after a cache hit, before it uses ``graph``: whether the
+    process group of each collective decision it inlines takes it (every rank loaded
+    the same graph, or the group decided so already). False: compile the graph, with
+    the group. ``cache_info``, the FX-graph cache's account of the lookup, then says
+    the miss it became, and the cache's counters count one."""
+    from torch._dynamo.utils import counters
+
+    if graph_sessions.group_takes_cached_graph(graph.collective_decisions):
+        return True
+    if cache_info is not None:
+        cache_info["cache_state"] = "miss"
+        counters["inductor"]["fxgraph_cache_hit"] -= 1
+        counters["inductor"]["fxgraph_cache_miss"] += 1
+    return False
 
 
 def select_collective_choice(
