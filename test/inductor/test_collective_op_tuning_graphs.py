@@ -499,14 +499,21 @@ class TestGraphSessions(CollectiveTestCase):
     def test_aot_autograd_bundled_graphs_are_the_groups_too(self):
         # AOTAutograd's bundled cache holds the compiled graph in its own entry, found
         # without the FX-graph cache's lookup: a warm rank's hit is still the group's.
-        env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
-        first = assert_all_ok(run_ranks(2, cached_body, True, env=env, restarts=True))
-        if any(r.provisional for r in first[0]["records"]):
-            self.skipTest("the cold job's pick was provisional (a busy host)")
+        # A cold job whose pick came out provisional (a busy host) is not loaded by the
+        # next: it is started again on empty caches, as in the warm-restart test.
+        for attempt in range(3):
+            root = self.tmp_path / f"attempt{attempt}"
+            env = {"TORCHINDUCTOR_CACHE_DIR": str(root / "{rank}")}
+            first = assert_all_ok(
+                run_ranks(2, cached_body, True, env=env, restarts=True)
+            )
+            if not any(r.provisional for r in first[0]["records"]):
+                break
+        assert not any(r.provisional for r in first[0]["records"])
         both = assert_all_ok(run_ranks(2, cached_body, True, env=env, restarts=True))
         for rank in both:
             assert rank["aot_hits"] > 0 and rank["records"][0].source == "cache"
-        shutil.rmtree(self.tmp_path / "1")
+        shutil.rmtree(root / "1")
         warm, cold = assert_all_ok(
             run_ranks(2, cached_body, True, env=env, restarts=True)
         )
