@@ -117,7 +117,6 @@ table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) -> None:
     """Called by register_custom_op_autotuning for every op it registers, with its
     CustomOpConfigs (none for a config generator's)."""
-
     collective = names_a_collective(op)
     register(op, configs, collective)
     if not collective:
