@@ -7,10 +7,11 @@ as a subprocess on a fake install under tmp_path (a site folder holding the upst
 files the series edits and a version.py); the cases that write patches call the tool's
 functions on a copy of patches/.
 
-A minor's pristine files are at hand for the installed torch (or the pristine copies
-the overlay keeps beside it), for 2.11 under ../shared/upstream/, and for any venv of
-this checkout (.venv*) with the overlay applied; cases that need a minor not at hand
-skip.
+A minor's pristine files are at hand for the installed torch and for any venv of this
+checkout (.venv*): the pristine copies the overlay keeps beside an overlaid install, or
+the install's own files where the overlay is not applied; for 2.11 also under
+../shared/upstream/ where that holds every file the series edits. Cases that need a
+minor not at hand skip.
 """
 
 from __future__ import annotations
@@ -76,15 +77,18 @@ def _pristine_at_hand() -> dict[str, tuple[str, Path]]:
     for torch_dir in candidates:
         version = _version_of(torch_dir)
         state = torch_dir / STATE / "pristine"
-        if state.is_dir():
-            found.setdefault(_minor(version), (version, state))
-        elif torch_dir == installed:
-            found.setdefault(_minor(version), (version, torch_dir.parent))
-    # 2.11's Inductor files kept beside the repository, where no venv has 2.11 (the
-    # series also patches files outside torch/_inductor, which only a venv has).
+        # Without the overlay's state the install is untouched: its files are
+        # pristine (make test runs the 2.13 lane before 2.11's venv is overlaid).
+        found.setdefault(
+            _minor(version), (version, state if state.is_dir() else torch_dir.parent)
+        )
+    # 2.11's files kept beside the repository, where no venv has 2.11: only Inductor's
+    # and a few more, so only where they hold every file 2.11's series edits.
     shared = REPO.parent / "shared" / "upstream" / "torch-2.11.0"
-    if shared.is_dir():
-        found.setdefault("2.11", ("2.11.0", shared))
+    if "2.11" not in found and all(
+        (shared / rel).is_file() for rel in overlay_tool._paths(_series("2.11"))
+    ):
+        found["2.11"] = ("2.11.0", shared)
     return found
 
 
