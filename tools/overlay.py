@@ -640,7 +640,9 @@ def _upstream_texts(install: Install, manifest: dict | None, paths: list[str]) -
     return texts
 
 
-def apply(install: Install, force: bool = False) -> str:
+def _series_minor(install: Install, force: bool) -> str:
+    """The minor whose series ``apply`` uses: the install's own, or with ``force`` the
+    newest where the install has none."""
     reason = install.not_own_series()
     if reason and not force:
         raise OverlayError(
@@ -649,14 +651,20 @@ def apply(install: Install, force: bool = False) -> str:
             "applies and "
             "the upstream contracts hold, then `overlay.py apply --force` to apply it"
         )
-    minor = newest_minor() if reason else install.minor
-    if reason:
-        print(
-            f"overlay: warning: {reason}; --force: applying "
-            f"patches/torch-{minor}.series, "
-            f"made for torch {minor}",
-            file=sys.stderr,
-        )
+    if not reason:
+        return install.minor
+    minor = newest_minor()
+    print(
+        f"overlay: warning: {reason}; --force: applying "
+        f"patches/torch-{minor}.series, "
+        f"made for torch {minor}",
+        file=sys.stderr,
+    )
+    return minor
+
+
+def apply(install: Install, force: bool = False) -> str:
+    minor = _series_minor(install, force)
     patches = read_series(minor)
     links = our_files()
     manifest = install.read_manifest()
@@ -688,32 +696,8 @@ def apply(install: Install, force: bool = False) -> str:
         )
     if manifest is not None:
         remove(install)
-    pristine_root = install.state_dir / "pristine"
-    files = {}
-    for rel in paths:
-        path = install.site / rel
-        original = path.read_bytes()
-        backup = pristine_root / rel
-        backup.parent.mkdir(parents=True, exist_ok=True)
-        backup.write_bytes(original)
-        path.write_text(patched[rel])
-        files[rel] = {
-            "pristine": _sha(original),
-            "patched": _sha(patched[rel].encode()),
-        }
-    # Folders made for links (none in a real torch, which has them all) go with
-    # `remove`.
-    made = sorted(
-        str(d.relative_to(install.site))
-        for d in {parent for rel in links for parent in (install.site / rel).parents}
-        if d.is_relative_to(install.site) and not d.exists()
-    )
-    for rel in links:
-        target = install.site / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_symlink():
-            target.unlink()
-        target.symlink_to(REPO / rel)
+    files = _write_patched(install, patched)
+    made = _link_ours(install, links)
     install.manifest.write_text(
         json.dumps(
             {
@@ -735,6 +719,39 @@ def apply(install: Install, force: bool = False) -> str:
         f"files, "
         f"linked {len(links)} new files"
     )
+
+
+def _write_patched(install: Install, patched: dict[str, str]) -> dict[str, dict]:
+    """Each upstream file replaced by its PATCHED text, its pristine bytes kept in the
+    overlay's state first; both hashes by path, for the manifest."""
+    pristine_root = install.state_dir / "pristine"
+    files = {}
+    for rel, text in patched.items():
+        path = install.site / rel
+        original = path.read_bytes()
+        backup = pristine_root / rel
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        backup.write_bytes(original)
+        path.write_text(text)
+        files[rel] = {"pristine": _sha(original), "patched": _sha(text.encode())}
+    return files
+
+
+def _link_ours(install: Install, links: list[str]) -> list[str]:
+    """Our new files linked into the install; the folders made for them (none in a real
+    torch, which has them all), which go with `remove`."""
+    made = sorted(
+        str(d.relative_to(install.site))
+        for d in {parent for rel in links for parent in (install.site / rel).parents}
+        if d.is_relative_to(install.site) and not d.exists()
+    )
+    for rel in links:
+        target = install.site / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():
+            target.unlink()
+        target.symlink_to(REPO / rel)
+    return made
 
 
 def _upstream(install: Install, manifest: dict | None, rel: str) -> Path:
@@ -864,10 +881,31 @@ def check(install: Install, python: str | None) -> tuple[str, bool]:
         # `apply` would patch the pristine files again, not the patched ones.
         lines.append("the overlay is applied: checking the pristine copies it keeps")
     texts = _upstream_texts(install, manifest, _paths(patches))
+    placed, failing = _placements_report(patches, texts)
+    lines += placed
+    links = our_files()
+    clashes = _clashes(install, links)
+    lines.append(
+        f"new files: {len(links)} to link, {len(clashes)} clash with upstream files"
+    )
+    lines += [f"  CLASH   {path}" for path in clashes]
+    total = sum(p.n_hunks for p in patches)
+    lines.append(f"hunks: {total - failing} of {total} apply ({len(patches)} patches)")
+    contracts, contracts_hold = _contracts_report(install, python)
+    lines += contracts
+    ok = failing == 0 and not clashes and contracts_hold
+    lines.append("check: OK" if ok else "check: FAILED")
+    return "\n".join(lines), ok
+
+
+def _placements_report(
+    patches: list[Patch], texts: dict[str, str]
+) -> tuple[list[str], int]:
+    """Where each hunk of PATCHES would apply to TEXTS (upstream files by path, patched
+    along the way), and how many hunks do not."""
+    lines: list[str] = []
     failing = 0
-    broken: set[str] = (
-        set()
-    )  # files a patch failed on: later patches are not tried there
+    broken: set[str] = set()  # files a patch failed on: later patches are not tried
     for patch in patches:
         lines.append(patch.label)
         for fp in patch.files:
@@ -892,38 +930,31 @@ def check(install: Install, python: str | None) -> tuple[str, bool]:
                 broken.add(fp.path)
             else:
                 texts[fp.path] = splice(file_lines, placements)
-    links = our_files()
-    clashes = _clashes(install, links)
-    lines.append(
-        f"new files: {len(links)} to link, {len(clashes)} clash with upstream files"
-    )
-    lines += [f"  CLASH   {path}" for path in clashes]
-    total = sum(p.n_hunks for p in patches)
-    lines.append(f"hunks: {total - failing} of {total} apply ({len(patches)} patches)")
-    contracts_hold = True
+    return lines, failing
+
+
+def _contracts_report(install: Install, python: str | None) -> tuple[list[str], bool]:
+    """The upstream contracts' script run with PYTHON: its report, and whether they
+    hold (true where they cannot be checked, which the report says)."""
     if not (REPO / CONTRACTS).is_file():
-        lines.append(f"contracts not checked: {CONTRACTS} is not in this checkout")
-    elif python is None:
-        lines.append(
+        return [f"contracts not checked: {CONTRACTS} is not in this checkout"], True
+    if python is None:
+        return [
             f"contracts not checked: no Python found whose site-packages holds "
             f"{install.torch_dir}; pass --python"
-        )
-    else:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(REPO / "test" / "inductor"), env.get("PYTHONPATH")])
-        )
-        run = subprocess.run(
-            [python, str(CONTRACTS)], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        lines.append(f"contracts ({python} {CONTRACTS}):")
-        lines += [f"  {line}" for line in (run.stdout + run.stderr).splitlines()]
-        contracts_hold = run.returncode == 0
-        if run.returncode not in (0, 1):
-            lines.append(f"  the contract script itself failed (exit {run.returncode})")
-    ok = failing == 0 and not clashes and contracts_hold
-    lines.append("check: OK" if ok else "check: FAILED")
-    return "\n".join(lines), ok
+        ], True
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO / "test" / "inductor"), env.get("PYTHONPATH")])
+    )
+    run = subprocess.run(
+        [python, str(CONTRACTS)], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    lines = [f"contracts ({python} {CONTRACTS}):"]
+    lines += [f"  {line}" for line in (run.stdout + run.stderr).splitlines()]
+    if run.returncode not in (0, 1):
+        lines.append(f"  the contract script itself failed (exit {run.returncode})")
+    return lines, run.returncode == 0
 
 
 # -- developers: editing a patch of the series ---------------------------------------
