@@ -153,17 +153,20 @@ class TestKeptDecisions(CollectiveTestCase):
         (next_job,), (peer,) = assert_all_ok(
             run_ranks(2, late_then_on_time_body, False, env=env, restarts=True)
         )
-        assert (
-            next_job == peer
-            and next_job.source == "benchmark"
-            and not next_job.provisional
-        )
-        # The FX-graph cache now holds two entries for the graph's key: the fallback's
-        # and the settled one. The lookup passes over the first, so the third job loads
-        # the settled graph and times nothing.
+        assert next_job == peer and next_job.source == "benchmark"
         third = assert_all_ok(
             run_ranks(2, late_then_on_time_body, False, env=env, restarts=True)
         )
+        if next_job.provisional:
+            # Timed on a host it measured busy (2 ranks on 2 CPUs can be): that graph is
+            # passed over too, and the third job times the pick again.
+            for (record,) in third:
+                assert record.source == "benchmark", record
+                assert "stored decision, provisional" in record.reason, record
+            return
+        # The FX-graph cache now holds two entries for the graph's key: the fallback's
+        # and the settled one. The lookup passes over the first, so the third job loads
+        # the settled graph and times nothing.
         for (record,) in third:
             assert record.source == "cache" and record.winner == next_job.winner, record
 
