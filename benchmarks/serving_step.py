@@ -39,7 +39,7 @@ default mode). Per mode:
 Every variant is compiled and warmed up first (the host's µs per call are taken too: the
 guard check and the launches, device not waited for); then each size's step is sampled
 round-robin over the variants (``ROUNDS`` samples of ``calls`` back-to-back calls each,
-median, slowest rank), so that a drift of the machine hits every variant alike. Each
+median, slowest rank, Python's garbage collector off; every sample is kept), so that a drift of the machine hits every variant alike. Each
 variant counts its compiles (recompiles: compiles - 1 for a dynamic variant) and
 Inductor's cudagraph skips (``counters["inductor"]["cudagraph_skips"]``). The dynamic
 compile's seconds are also taken with ``collective_autotune=False`` (the op's own, no
@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
+import gc
 import math
 import statistics
 import time
@@ -110,8 +111,9 @@ RANGE_COMPILE_S = 0.2
 EXIT_S = 30.0
 COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
 # Samples per size and variant, taken round-robin over the variants. With 5, two variants
-# running the same code read up to 13% apart in eager mode on 1 H200 (host-bound steps).
-ROUNDS = 11
+# running the same code read up to 13% apart in eager mode on 1 H200 (host-bound steps);
+# with 11, up to 43% at 1 token on 4 H200s (faf3ee5): eager mode takes more.
+ROUNDS = {"graph": 11, "eager": 21}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +208,9 @@ class Variant:
 
     models: dict[int, Callable] = dataclasses.field(default_factory=dict)
     step_us: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Per size: every sample (µs per call, the slowest rank's in that round), in the order
+    # taken, to tell a bimodal or drifting step from a slower one.
+    samples_us: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     compiles: int = 0
     cudagraph_skips: int = 0
     compile_s: float = 0.0
@@ -288,26 +293,34 @@ def host_us(fn: Callable, x: torch.Tensor) -> float:
 
 
 def measure_steps(
-    bench: Bench, variants: dict[str, Variant], device: torch.device
+    bench: Bench, variants: dict[str, Variant], device: torch.device, rounds: int
 ) -> None:
-    """Each variant's step at each size: the median of ``ROUNDS`` samples taken
-    round-robin over the variants, slowest rank."""
-    for tokens in bench.tokens:
-        x = model_input(bench, tokens, device, dynamic=False)
-        samples: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(ROUNDS):
-            for name, v in variants.items():
-                samples[name].append(sample_us(v.models[tokens], x, bench.calls))
-        medians = group_max(
-            [statistics.median(samples[name]) for name in variants], device
-        )
-        for name, us in zip(variants, medians):
-            variants[name].step_us[tokens] = us
-        hosts = group_max(
-            [host_us(v.models[tokens], x) for v in variants.values()], device
-        )
-        for name, us in zip(variants, hosts):
-            variants[name].host_us[tokens] = us
+    """Each variant's step at each size: the median of ``rounds`` samples taken
+    round-robin over the variants, slowest rank. Python's garbage collector is off
+    while sampling (as in timeit): a collection in one sample of a host-bound step
+    would be charged to whichever variant it fell on."""
+    gc.collect()
+    gc.disable()
+    try:
+        for tokens in bench.tokens:
+            x = model_input(bench, tokens, device, dynamic=False)
+            samples: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(rounds):
+                for name, v in variants.items():
+                    samples[name].append(sample_us(v.models[tokens], x, bench.calls))
+            medians = group_max(
+                [statistics.median(samples[name]) for name in variants], device
+            )
+            for name, us in zip(variants, medians):
+                variants[name].step_us[tokens] = us
+                variants[name].samples_us[tokens] = group_max(samples[name], device)
+            hosts = group_max(
+                [host_us(v.models[tokens], x) for v in variants.values()], device
+            )
+            for name, us in zip(variants, hosts):
+                variants[name].host_us[tokens] = us
+    finally:
+        gc.enable()
 
 
 def kernel_breakdown(
@@ -447,7 +460,7 @@ def run_mode(
     )
     table = ops.table_limits(table_group.size(), ops.device_capability(device))
     warm = {name: sum(b.compiles for b in v.backends) for name, v in variants.items()}
-    measure_steps(bench, variants, device)
+    measure_steps(bench, variants, device, ROUNDS[mode])
     for name, v in variants.items():
         v.compiles_after_warm_up = sum(b.compiles for b in v.backends) - warm[name]
     breakdown = kernel_breakdown(bench, variants, device) if kernels else None
@@ -488,6 +501,7 @@ def run_mode(
                 "written_in_compile_s": written_in.compile_s,
                 "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
                 "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
+                "samples_us": {k: v.samples_us[tokens] for k, v in variants.items()},
                 "best": best,
                 "loss_pct": pct(dynamic, fastest),
                 # The issue's yardstick: the best model compiled once, dynamically, with one
