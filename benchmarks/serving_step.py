@@ -230,6 +230,34 @@ class Variant:
     )
 
 
+def written_in_variant(
+    bench: Bench,
+    mode: str,
+    layers: int,
+    name: str,
+    group: dist.ProcessGroup,
+    device: torch.device,
+    sizes: Sequence[int],
+    compile_tokens: int = COMPILE_TOKENS,
+) -> Variant:
+    """The model compiled once (dynamic) with implementation ``name`` of WRITTEN_IN
+    written in (``default``, the op's own: untuned), first called at
+    ``compile_tokens``."""
+    with inductor_config.patch(collective_autotune=name != "default"):
+        return compile_variant(
+            bench,
+            mode,
+            layers,
+            WRITTEN_IN[name],
+            group,
+            device,
+            sizes,
+            True,
+            False,
+            compile_tokens,
+        )
+
+
 def paired_pct(samples: Sequence[float], reference: Sequence[float]) -> float:
     """How much slower ``samples`` are than ``reference`` (a variant's samples of the
     same rounds), in %: the median over rounds of the two samples' difference. The
@@ -448,18 +476,9 @@ def run_mode(
         False,
     )
     for name in (*bench.implementations, "default"):
-        with inductor_config.patch(collective_autotune=name != "default"):
-            variants[name] = compile_variant(
-                bench,
-                mode,
-                layers,
-                WRITTEN_IN[name],
-                fresh_group(),
-                device,
-                bench.tokens,
-                True,
-                False,
-            )
+        variants[name] = written_in_variant(
+            bench, mode, layers, name, fresh_group(), device, bench.tokens
+        )
     table_group = fresh_group()
     variants["table"] = compile_variant(
         bench,
@@ -605,19 +624,9 @@ def further_ranges_untuned(
             continue
         winner = range_of(ladder, tokens).split(" ", 1)[-1]
         name = winner if winner in WRITTEN_IN else "default"
-        with inductor_config.patch(collective_autotune=name != "default"):
-            untuned[tokens] = compile_variant(
-                bench,
-                mode,
-                layers,
-                WRITTEN_IN[name],
-                fresh_group(),
-                device,
-                [tokens],
-                True,
-                False,
-                compile_tokens=tokens,
-            ).compile_s
+        untuned[tokens] = written_in_variant(
+            bench, mode, layers, name, fresh_group(), device, [tokens], tokens
+        ).compile_s
     return untuned
 
 
