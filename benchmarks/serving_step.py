@@ -21,8 +21,9 @@ default mode). Per mode:
     ``backed_size_oblivious``; the hidden size stays static, as in a served model),
     tuned at a ladder of sizes at the first compile; where the winners change along it,
     one graph per merged range (kernel/collective/range_graphs.py), compiled during the
-    warm-up at the first size of each range (per size: the range that runs it, what its
-    first call compiled and cost), and no compile after; with
+    warm-up that the docs give a serving engine (``warm_up_sizes()``, from the top down:
+    each range at its largest size; per size: the range that runs it, what its first
+    call compiled and cost), and no compile after; with
     TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RANGE_GRAPHS=0, one graph dispatching by size;
   * static: the model compiled at each size alone, tuned by us (one compile per size);
   * alone: the model compiled once (dynamic) with each implementation written in
@@ -80,6 +81,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
+from torch._inductor.kernel.collective.dispatch import warm_up_sizes
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
 from common import (
@@ -205,6 +207,13 @@ def sample_us(fn: Callable, x: torch.Tensor, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+@dataclasses.dataclass(frozen=True)
+class FirstCall:
+    tokens: int
+    compiles: int
+    seconds: float
+
+
 @dataclasses.dataclass
 class Variant:
     """One way of compiling the model: the compiled model that runs each size."""
@@ -217,10 +226,9 @@ class Variant:
     compiles: int = 0
     cudagraph_skips: int = 0
     compile_s: float = 0.0
-    # Dynamic variants, per size of the warm-up: the graphs compiled at its first call
-    # (a range graph of its own), and what that first call added (seconds, slowest rank).
-    compiles_at: dict[int, int] = dataclasses.field(default_factory=dict)
-    first_call_s_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    # Dynamic variants, each call of the warm-up in order: its size, the graphs it
+    # compiled (a range graph of its own) and what it took (seconds, slowest rank).
+    first_calls: list[FirstCall] = dataclasses.field(default_factory=list)
     # Per size: µs the host spends in one call (until it returns, device not waited for).
     host_us: dict[int, float] = dataclasses.field(default_factory=dict)
     # Compiles while the steps were measured, after the warm-up (0 when every range was warm).
@@ -278,13 +286,15 @@ def compile_variant(
     dynamic: bool,
     check: bool,
     compile_tokens: int = COMPILE_TOKENS,
+    warm_up: Sequence[int] = (),
 ) -> Variant:
     """A fresh compile of the model (one per size unless ``dynamic``, first called at
-    ``compile_tokens`` then), warmed up at ``sizes``."""
+    ``compile_tokens`` then), called at ``warm_up`` (dynamic) and warmed up at
+    ``sizes``."""
     variant = Variant()
     skips = counters["inductor"]["cudagraph_skips"]
     backends: list[CountedInductor] = []
-    for tokens in sizes:
+    for tokens in (*warm_up, *sizes):
         if not backends or not dynamic:
             # A module of its own: its own entry in Dynamo's cache (no reset, which
             # would drop the variants compiled before it).
@@ -305,13 +315,16 @@ def compile_variant(
             # The warm-up visits every size: a size of a range not compiled yet compiles
             # its range graph (kernel/collective/range_graphs.py) here, never while measured.
             before = backends[-1].compiles
-            variant.first_call_s_at[tokens] = first_call_s(model, x)
-            variant.compiles_at[tokens] = backends[-1].compiles - before
+            seconds = first_call_s(model, x)
+            variant.first_calls.append(
+                FirstCall(tokens, backends[-1].compiles - before, seconds)
+            )
         for _ in range(3):  # in graph mode: warm-up, record, replay
             model(x)
         if check:
             assert_close_sum(model(x), eager(x))
-        variant.models[tokens] = model
+        if tokens in sizes:
+            variant.models[tokens] = model
     variant.compiles = sum(b.compiles for b in backends)
     variant.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips
     variant.backends = backends
@@ -435,7 +448,16 @@ def run_mode(
     group = fresh_group()
     first_record = len(collective_autotune_records())
     variants["dynamic"] = compile_variant(
-        bench, mode, layers, ops.all_reduce, group, device, bench.tokens, True, True
+        bench,
+        mode,
+        layers,
+        ops.all_reduce,
+        group,
+        device,
+        bench.tokens,
+        True,
+        True,
+        warm_up=warm_up_sizes(bench.dynamic_max),
     )
     # Each range's decision where it was made (later layers reuse it).
     ladder = list(
@@ -521,11 +543,6 @@ def run_mode(
         single_us = {k: variants[k].step_us[tokens] for k in singles}
         best_single = min(single_us, key=single_us.get)
         table_pick_loss = pct(single_us[table_pick], single_us[best_single])
-        held_by = range_of(ladder, tokens)
-        # A range's untuned compile: the model compiled once, dynamically, with the
-        # range's winner written in (the op's own: untuned), at the size whose first
-        # call compiled the range graph (else at COMPILE_TOKENS, as every variant).
-        written_in = variants.get(held_by.split(" ", 1)[-1], variants["default"])
         dynamic_samples = variants["dynamic"].samples_us[tokens]
         paired = {
             k: paired_pct(dynamic_samples, v.samples_us[tokens])
@@ -538,13 +555,7 @@ def run_mode(
                 "bytes": nbytes,
                 # The range graph of the dynamic model that runs this size (its ladder's merged
                 # range holding it), what compiled at its first call, and its seconds.
-                "range": held_by,
-                "compiles_at_first_call": variants["dynamic"].compiles_at[tokens],
-                "first_call_s": variants["dynamic"].first_call_s_at[tokens],
-                "written_in_compile_s": written_in_s.get(tokens, written_in.compile_s),
-                "written_in_compiled_at": tokens
-                if tokens in written_in_s
-                else COMPILE_TOKENS,
+                "range": range_of(ladder, tokens),
                 "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
                 "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
                 "samples_us": {k: v.samples_us[tokens] for k, v in variants.items()},
@@ -575,6 +586,22 @@ def run_mode(
         {
             "rows": rows,
             "ladder": ladder,
+            # The dynamic model's calls in the warm-up, in order (warm_up_sizes(), then
+            # the sweep's sizes): the range graph that runs each, what its first call
+            # compiled and cost, and where that compiled a further range, the compile of
+            # the range's untuned model first called at the same size.
+            "first_calls": [
+                {
+                    **dataclasses.asdict(call),
+                    "range": range_of(ladder, call.tokens),
+                    **(
+                        {"untuned_compile_s": written_in_s[call.tokens]}
+                        if call.compiles and call.tokens in written_in_s
+                        else {}
+                    ),
+                }
+                for call in variants["dynamic"].first_calls
+            ],
             "table": {
                 "world_size": table_group.size(),
                 "capability": ops.device_capability(device),
@@ -619,13 +646,13 @@ def further_ranges_untuned(
     at 100 tokens, 1.0 s at 16384 on 2 H200s): a compile first called at another size
     is no yardstick of the range's."""
     untuned = {}
-    for tokens, compiles in variants["dynamic"].compiles_at.items():
-        if not compiles:
+    for call in variants["dynamic"].first_calls:
+        if not call.compiles:
             continue
-        winner = range_of(ladder, tokens).split(" ", 1)[-1]
+        winner = range_of(ladder, call.tokens).split(" ", 1)[-1]
         name = winner if winner in WRITTEN_IN else "default"
-        untuned[tokens] = written_in_variant(
-            bench, mode, layers, name, fresh_group(), device, [tokens], tokens
+        untuned[call.tokens] = written_in_variant(
+            bench, mode, layers, name, fresh_group(), device, [call.tokens], call.tokens
         ).compile_s
     return untuned
 
@@ -743,10 +770,10 @@ def summary(result: dict[str, Any]) -> str:
         skips = sum(m["cudagraph_skips"].values())
         untuned = m["compile_s"]["dynamic_untuned"]
         # A range's first call that compiled its graph, past the first range.
-        range_compiles = [r for r in m["rows"] if r["compiles_at_first_call"]]
+        range_compiles = [c for c in m["first_calls"] if "untuned_compile_s" in c]
         worst_range = max(
             range_compiles,
-            key=lambda r: r["first_call_s"] - r["written_in_compile_s"],
+            key=lambda c: c["seconds"] - c["untuned_compile_s"],
             default=None,
         )
         lines += [
@@ -767,11 +794,11 @@ def summary(result: dict[str, Any]) -> str:
             f"  each further range's compile within {RANGE_COMPILE_S:g} s of its untuned compile "
             "(the model with the range's winner written in, first called at the range's size): "
             + (
-                f"worst {worst_range['first_call_s']:.2f} s against "
-                f"{worst_range['written_in_compile_s']:.2f} s at {worst_range['tokens']} tokens "
-                f"-> {verdict(worst_range['first_call_s'] <= worst_range['written_in_compile_s'] + RANGE_COMPILE_S)}"
+                f"worst {worst_range['seconds']:.2f} s against "
+                f"{worst_range['untuned_compile_s']:.2f} s at {worst_range['tokens']} tokens "
+                f"-> {verdict(worst_range['seconds'] <= worst_range['untuned_compile_s'] + RANGE_COMPILE_S)}"
                 f" (against the model's untuned compile, {untuned:.2f} s: "
-                f"{verdict(worst_range['first_call_s'] <= untuned + RANGE_COMPILE_S)})"
+                f"{verdict(worst_range['seconds'] <= untuned + RANGE_COMPILE_S)})"
                 if worst_range
                 else "no further range"
             ),
@@ -780,10 +807,15 @@ def summary(result: dict[str, Any]) -> str:
             f"{verdict(not any(m['compiles_after_warm_up'].values()))}; the dynamic model's compiles "
             f"{m['compiles']['dynamic']} for {m['ranges']} ranges -> "
             f"{verdict(m['compiles']['dynamic'] <= m['ranges'])}",
+            "  warm-up, first calls: "
+            + "; ".join(
+                f"{c['tokens']}: {c['range']}, {c['compiles']} compiles "
+                f"({c['seconds']:.2f} s)"
+                for c in m["first_calls"]
+            ),
             "  per size: "
             + "; ".join(
-                f"{r['tokens']}: {r['range']}, {r['compiles_at_first_call']} compiles "
-                f"({r['first_call_s']:.2f} s), host {r['host_us']['dynamic']:.0f} us/call"
+                f"{r['tokens']}: {r['range']}, host {r['host_us']['dynamic']:.0f} us/call"
                 for r in m["rows"]
             ),
             f"  extra compile of the ladder (tuned {m['compile_s']['dynamic_tuned']:.2f} s - untuned "

@@ -325,12 +325,18 @@ def split_points_body(r: Rank) -> dict:
 # -- range graphs: one graph per size range, chosen by Dynamo's guards ------------------------
 
 
-def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
+def range_graphs_body(
+    r: Rank, range_graphs: bool, forbid: str = "", warm_up: bool = False
+) -> dict:
     """Four layers whose all-reduce's winner changes twice along the token dimension,
-    compiled dynamically once, then called at sizes that visit every range twice: per
-    call, what compiled, what ran, and the records it made."""
+    compiled dynamically once, then called at sizes that visit every range twice (with
+    ``warm_up``: at 8, then at ``warm_up_sizes()`` as the docs tell a serving engine,
+    then at sizes of every range): per call, what compiled, what ran, and the records it
+    made."""
     from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.kernel.collective.dispatch import warm_up_sizes
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch.fx.experimental import _config as fx_config
 
     model, _ = mixed_winner_layers(r, 4)
     counter = CompileCounterWithBackend("inductor")
@@ -343,9 +349,16 @@ def range_graphs_body(r: Rank, range_graphs: bool, forbid: str = "") -> dict:
             collective_autotune_range_graphs=range_graphs,
         ),
         torch._dynamo.config.patch(dynamo),
+        # A size of 1 is one of the ranges' (else Dynamo compiles a graph of its own
+        # for it, as the docs say): with the warm-up only, which visits 1.
+        fx_config.patch(backed_size_oblivious=warm_up),
     ):
-        # (not 1: Dynamo compiles a graph of its own for a size of 1)
-        for n in (8, 2, 30, 100, 3, 20, 8, 2, 30, 100):
+        sizes = (
+            (8, *warm_up_sizes(), 2, 3, 20, 30, 100, 200, 1)
+            if warm_up
+            else (8, 2, 30, 100, 3, 20, 8, 2, 30, 100)
+        )
+        for n in sizes:
             start, frames = len(collective_autotune_records()), counter.frame_count
             guards = counters["inductor"]["collective_autotune_range_graph_sites"]
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
@@ -775,6 +788,40 @@ class TestGraphSessions(CollectiveTestCase):
         # loaded 2-core machine: once in CI the ranges of 2 to 4 rows went to the
         # opaque op, and no call visits a range of 1 row alone.)
         assert sum(c["compiled"] for c in a) == len(seen) >= 2
+
+    def test_the_warm_up_compiles_every_range_at_its_largest_size_and_none_after(
+        self,
+    ):
+        a, b = assert_all_ok(
+            run_ranks(2, range_graphs_body, True, "", True, timeout_s=240)
+        )
+        assert [c["compiled"] for c in a] == [c["compiled"] for c in b]
+        assert [c["records"] for c in a] == [c["records"] for c in b]
+        cells = cells_of(a[0]["records"][:5])
+        tops = [top for top, _ in cells]
+
+        def cell(n: int) -> int:
+            return next(i for i, top in enumerate(tops) if n <= top)
+
+        first, warm_up, after = a[0], a[1:6], a[6:]
+        assert [c["n"] for c in warm_up] == [256, 64, 16, 4, 1]
+        # The warm-up compiles every range the first compile did not, each at the first
+        # warm-up size it holds: its largest (Inductor tunes its kernels there).
+        compiled_at = [c["n"] for c in warm_up if c["compiled"]]
+        assert sorted(map(cell, [first["n"], *compiled_at])) == list(
+            range(len(cells))
+        ), (cells, compiled_at)
+        for n in compiled_at:
+            assert n == max(c["n"] for c in warm_up if cell(c["n"]) == cell(n)), (
+                cells,
+                compiled_at,
+            )
+        assert sum(c["compiled"] for c in warm_up) == len(compiled_at)
+        # Then every size runs its range's graph, compiling nothing.
+        assert [c["compiled"] for c in after] == [0] * len(after), after
+        for call in a:
+            winner = cells[cell(call["n"])][1]
+            assert call["ran"] == ([] if winner == "default" else [winner]), call
 
     def test_a_warm_restart_loads_every_range_graph_from_the_caches(self):
         def job(root: Path) -> list:

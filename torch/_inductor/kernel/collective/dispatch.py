@@ -299,17 +299,19 @@ def _layout_of(node: Any) -> tuple[Any, ...]:
 
 
 def warm_up_sizes(upper: int | None = None) -> list[int]:
-    """A size in every range that the ladder of a dynamic collective op can have: its
-    tops 1, r, r², … below ``upper`` and ``upper`` itself (default
-    ``collective_autotune_dynamic_max``; pass the model's own bound where it set one).
+    """A size in every range that the ladder of a dynamic collective op can have, from
+    the top down: ``upper`` (default ``collective_autotune_dynamic_max``; pass the
+    model's own bound where it set one) and the ladder's tops below it, …, r², r, 1.
 
     A serving engine calls its compiled model once at each, after the first compile,
     so that every range's graph (collective/range_graphs.py) is compiled before it
     serves: every merged range holds one of these sizes. Calls at sizes of one range
-    after the first compile nothing."""
+    after the first compile nothing. From the top down, each range's graph is compiled
+    at its largest size: Inductor autotunes a graph's kernels at their first launch,
+    for that launch's sizes, and a range's largest steps cost the most."""
     settings = BenchmarkSettings.from_config()
     top = settings.dynamic_max if upper is None else upper
-    return [*_points(settings.dynamic_ratio, top), top]
+    return [top, *reversed(_points(settings.dynamic_ratio, top))]
 
 
 def _points(ratio: int, upper: int) -> tuple[int, ...]:
