@@ -612,7 +612,11 @@ def run_mode(
             "recompiles": variants["dynamic"].compiles - 1,
             # Range graphs compile one graph per merged range of the ladder: recompiles by
             # design, all during the warm-up; none may happen while the steps are measured.
-            "ranges": len({row["range"] for row in rows}),
+            # (Counted over every size the warm-up visited: a sweep of a few sizes may
+            # lie in fewer ranges than the graphs compiled.)
+            "ranges": len(
+                {range_of(ladder, c.tokens) for c in variants["dynamic"].first_calls}
+            ),
             "compiles_after_warm_up": {
                 k: v.compiles_after_warm_up for k, v in variants.items()
             },
