@@ -7,7 +7,6 @@ CustomOpConfig parameter would also reach the default, which takes none).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -72,23 +71,6 @@ def delay_rows(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
 
 @delay_rows.register_fake
 def _(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("cat_test::delay_capped_rows", mutates_args=())
-def delay_capped_rows(
-    x: torch.Tensor, base_ms: float, ms_per_row: float, cap_ms: float
-) -> torch.Tensor:
-    """``x``, after ``base_ms`` plus ``ms_per_row`` a row past the first, at most
-    ``cap_ms`` milliseconds."""
-    _sleep_ms(x, min(base_ms + ms_per_row * (x.shape[0] - 1), cap_ms))
-    return x.clone()
-
-
-@delay_capped_rows.register_fake
-def _(
-    x: torch.Tensor, base_ms: float, ms_per_row: float, cap_ms: float
-) -> torch.Tensor:
     return torch.empty_like(x)
 
 
@@ -397,24 +379,6 @@ def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tenso
     (a 2-core machine's sleeps overshoot: 5.2 ms against per_row_cost's 4 at 4 rows was
     too close; a loaded one moved 4 rows to this op at 1.54x once)."""
     return opaque_all_reduce(x, group_name)
-
-
-def capped_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-    """An all-reduce that costs 8 ms plus 2 ms a row past the first, at most 88 ms: the
-    same as ramp_cost at 1 row (a tie), 1.5-2.4x slower from 4 to 64 rows, 1.5x faster
-    at 256."""
-    out = delay_capped_rows(
-        fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), 8.0, 2.0, 88.0
-    )
-    return mark(out, "capped_cost")
-
-
-def ramp_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-    """An all-reduce that costs 8 ms plus 0.5 ms a row past the first."""
-    out = delay_capped_rows(
-        fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), 8.0, 0.5, math.inf
-    )
-    return mark(out, "ramp_cost")
 
 
 def chunked_all_reduce(

@@ -391,30 +391,6 @@ def range_graphs_body(
     return calls
 
 
-def near_tie_ladder_body(r: Rank) -> dict:
-    """Two layers whose all-reduce's implementations tie at 1 row, another winning
-    from 4 to 64 rows than at 256 (collective_ops.capped_cost and ramp_cost; the op's
-    own, 200 ms, last everywhere), compiled dynamically at 8 rows: its first site's
-    records, one per range of the ladder 1, 4, 16, 64, 256."""
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
-
-    ops.register_all_reduce(ops.capped_cost, ops.ramp_cost)
-    group = r.group.group_name
-    w = torch.eye(4, device=r.device) / 2
-
-    def model(x):
-        for _ in range(2):
-            x = x + ops.all_reduce(torch.relu(x @ w), group, "200")
-        return x
-
-    compiled = torch.compile(model, dynamic=True, fullgraph=True)
-    start = len(collective_autotune_records())
-    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
-        x = torch.randn(8, 4, device=r.device)
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    return {"records": collective_autotune_records()[start:][:5]}
-
-
 def cells_of(records) -> list[tuple[float, str]]:
     """(top, winner) of each range where the winner changes, in size order: the cells a
     range graph is compiled for."""
@@ -878,42 +854,6 @@ class TestGraphSessions(CollectiveTestCase):
             c["records"] for c in warm
         ]
         assert [c["ran"] for c in warm] == [c["ran"] for c in cold]
-
-    def test_a_near_tie_is_no_evidence_for_the_ranges_beside_it(self):
-        def job(root: Path) -> list:
-            env = {"TORCHINDUCTOR_CACHE_DIR": str(root / "{rank}"), **NO_GRAPH_CACHES}
-            return assert_all_ok(
-                run_ranks(
-                    2, near_tie_ladder_body, env=env, restarts=True, timeout_s=300
-                )
-            )
-
-        def ladder(rank: dict) -> dict[str, Any]:
-            return {rec.op.rsplit("_range_", 1)[1]: rec for rec in rank["records"]}
-
-        root, cold = settled_cold_job(
-            job, self.tmp_path, lambda ranks: iter(ranks[0]["records"])
-        )
-        assert cold[0]["records"] == cold[1]["records"]
-        first = ladder(cold[0])
-        assert first["65_inf"].winner == "capped_cost", first
-        # At 1 row the two tie (where one was clearly faster by chance, the ranges
-        # between differ anyway). A tie keeps the largest range's winner; were it
-        # evidence, the ranges between two ends that agree would take it untimed.
-        # The middle is timed, and ramp_cost wins it by 2.2-2.4x.
-        for label in ("5_16", "17_64"):
-            assert first[label].winner == "ramp_cost", first
-            assert first[label].source == "benchmark", first
-        # A warm restart (decisions on disk, no compiled graphs) interpolates as the
-        # first job did: whether a decision was a near tie is kept with it.
-        warm = job(root)
-        assert warm[0]["records"] == warm[1]["records"]
-        assert {k: r.winner for k, r in ladder(warm[0]).items()} == {
-            k: r.winner for k, r in first.items()
-        }
-        assert all(r.source in ("disk", "ladder") for r in warm[0]["records"]), warm[0][
-            "records"
-        ]
 
     @parametrize("forbid", ["knob", "error_on_recompile"])
     def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(

@@ -143,33 +143,18 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         for n in range(1, 20):
             assert sorted(_bisection_order(n)) == list(range(n))
 
-    def test_a_range_between_two_that_agree_clearly_takes_their_winner(self):
-        def clearly(name):
-            return True
-
+    def test_a_range_between_two_that_agree_takes_their_winner(self):
         decided = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
-        assert interpolated(LADDER, "op_range_5_16", decided, clearly) == (
+        assert interpolated(LADDER, "op_range_5_16", decided) == (
             "a",
             "the neighbouring sizes 1 and inf chose it too",
         )
         differ = {"op_range_1_1": "a", "op_range_65_inf": "b"}.get
-        assert interpolated(LADDER, "op_range_5_16", differ, clearly) is None
+        assert interpolated(LADDER, "op_range_5_16", differ) is None
         # The nearest decided neighbour counts, not the farthest.
         nearest = {"op_range_1_1": "a", "op_range_2_4": "b", "op_range_65_inf": "b"}.get
-        assert interpolated(LADDER, "op_range_5_16", nearest, clearly)[0] == "b"
-        # (nothing below)
-        assert interpolated(LADDER, "op_range_1_1", decided, clearly) is None
-        # A neighbour that won a near tie is no evidence of the sizes beside it: the
-        # range is timed, even though the ends agree; nor does a clear range beyond it
-        # stand in for it.
-        assert (
-            interpolated(LADDER, "op_range_5_16", decided, "op_range_65_inf".__eq__)
-            is None
-        )
-        assert (
-            interpolated(LADDER, "op_range_5_16", nearest, "op_range_2_4".__ne__)
-            is None
-        )
+        assert interpolated(LADDER, "op_range_5_16", nearest)[0] == "b"
+        assert interpolated(LADDER, "op_range_1_1", decided) is None  # nothing below
 
     def test_a_range_keeps_the_nearest_decided_winner_below_else_above(self):
         assert tie_reference(LADDER, "op_range_1_1", {}.get) is None
@@ -431,11 +416,6 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         assert GroupChoice.decode(
             GroupChoice("x", provisional=True).encode()
         ) == GroupChoice("x", True)
-        tie = GroupChoice.decode(GroupChoice("x", near_tie=True).encode())
-        assert tie.near_tie and not tie.unsure and not tie.provisional
-        # Every flag is on the wire: a shorter list is not this code's.
-        with self.assertRaises(CollectiveAutotuneError):
-            GroupChoice.from_wire(["x", False, False])
 
     def test_code_identity_follows_the_code_not_the_name(self):
         assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
@@ -470,11 +450,6 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         assert store.load("key", env) is None
         path.write_text(json.dumps({"format": 0, **dataclasses.asdict(decision)}))
         assert store.load("key", env) is None  # an older format
-        # A near tie is kept as one, and ranks holding it otherwise disagree.
-        tie = dataclasses.replace(decision, near_tie=True)
-        store.save(tie)
-        assert store.load("key", env).near_tie
-        assert tie.digest() != decision.digest()
 
     def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome(self):
         store = dist.HashStore()
@@ -598,7 +573,7 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         ]
         quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
         settled = judge(clear, "a", quiet, host_paced=True)
-        assert settled.settled and settled.runner_up == "b" and not settled.near_tie
+        assert settled.settled and settled.runner_up == "b"
         assert abs(settled.lead - (12.0 / 10.5 - 1)) < 1e-9
         # The same readings on a busy host: not trusted where the host paced the samples
         # (eager), trusted where it did not (CUDA-graph replays).
@@ -609,9 +584,6 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         close = [timing("a", 9.0, 10.0, 11.0), timing("b", 10.5, 10.8, 12.0)]
         tie = judge(close, "a", quiet, host_paced=True)
         assert tie.settled and "near tie" in tie.reason and tie.lead < 0
-        assert tie.near_tie
-        # A winner kept by a ladder's tie rule, slower than the runner-up: a near tie.
-        assert judge(close, "b", quiet, host_paced=True).near_tie
         assert not judge(close, "a", busy, host_paced=True).settled
         # Only one choice timed: nothing to be unsure about.
         assert judge([clear[0]], "a", busy, host_paced=True).settled

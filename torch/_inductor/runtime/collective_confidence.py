@@ -61,10 +61,6 @@ class Confidence:
     contention: float = 0.0
     settled: bool = True
     reason: str = ""
-    # The runner-up's quartiles overlap the winner's: no evidence of which is faster
-    # here, nor of what sizes beside it would pick (a ladder interpolates between
-    # clear winners only, kernel/collective/selection.py).
-    near_tie: bool = False
 
     def describe(self) -> str:
         """One clause for the logs."""
@@ -96,14 +92,13 @@ def judge(
         (t.high_us - t.low_us) / t.max_us for t in (best, runner_up) if t.max_us > 0
     )
     loaded = host_paced and contention > CONTENTION_LIMIT
-    near_tie = not clearly_slower(runner_up.low_us, best.high_us)
     if loaded:
         reason = (
             f"the host was busy while the choices were timed (a rank's timing thread "
             f"waited for a CPU {1000 * contention:.0f} ms a second, over "
             f"{1000 * CONTENTION_LIMIT:.0f})"
         )
-    elif near_tie:
+    elif not clearly_slower(runner_up.low_us, best.high_us):
         # Timing a near tie again would cost every restart a benchmark and could flip
         # between two equally fast choices, whose numerics may differ: kept.
         reason = (
@@ -112,6 +107,4 @@ def judge(
         )
     else:
         reason = f"{winner} is clearly ahead on a quiet host"
-    return Confidence(
-        runner_up.name, lead, spread, contention, not loaded, reason, near_tie
-    )
+    return Confidence(runner_up.name, lead, spread, contention, not loaded, reason)

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Bumped whenever the meaning of a stored decision changes (3: ``near_tie``).
-_FORMAT = 3
+# Bumped whenever the meaning of a stored decision changes.
+_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,20 +60,12 @@ class StoredDecision:
     runner_up: str = ""
     # Why, for the logs (Confidence.describe).
     confidence: str = ""
-    # The winner was not clearly ahead of the runner-up (Confidence.near_tie): a
-    # restart's ladder interpolates past it as the first job's did.
-    near_tie: bool = False
 
     def digest(self) -> str:
         """What ranks compare: the same digest means the same decision, to be taken the
         same way (used, or timed again)."""
         return digest(
-            self.key,
-            self.environment,
-            self.winner,
-            self.provisional,
-            self.runner_up,
-            self.near_tie,
+            self.key, self.environment, self.winner, self.provisional, self.runner_up
         )
 
 
@@ -95,8 +87,6 @@ class InlinedDecision:
     # Taken without the group's agreement on merit (a rank was absent): never loaded
     # by another job attempt.
     provisional: bool
-    # See StoredDecision.near_tie.
-    near_tie: bool = False
 
 
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
@@ -204,7 +194,6 @@ class DecisionStore:
                 bool(data.get("provisional", False)),
                 str(data.get("runner_up", "")),
                 str(data.get("confidence", "")),
-                bool(data["near_tie"]),
             )
         except FileNotFoundError:
             return None

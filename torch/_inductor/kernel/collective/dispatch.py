@@ -14,9 +14,8 @@ time (:func:`lower_size_dispatch`: host code in the wrapper, CUDA graphs kept).
 
 Ranges are tuned coarse to fine: the largest and the smallest first, then the middle
 of every gap. A range whose nearest decided neighbours below and above chose the same
-implementation, each clearly, takes it without being timed (:func:`interpolated`; a near
-tie is no evidence: GroupChoice.near_tie); only the gaps where the winner
-changes are timed at every point. A timed range keeps the winner of
+implementation takes it without being timed (:func:`interpolated`); only the gaps
+where the winner changes are timed at every point. A timed range keeps the winner of
 its nearest decided range unless another choice is clearly faster at its top size
 (:func:`tie_reference`): noise does not buy a dispatch. Each implementation is compiled
 for the benchmark once, for any size (:func:`benchmark_module`), and timed at every
@@ -168,27 +167,17 @@ def ladder_of(name: str) -> list[str] | None:
 
 
 def interpolated(
-    ladder: Sequence[str],
-    name: str,
-    decided: Callable[[str], str | None],
-    clearly: Callable[[str], bool],
+    ladder: Sequence[str], name: str, decided: Callable[[str], str | None]
 ) -> tuple[str, str] | None:
     """The winner of range ``name`` of ``ladder`` (range names in size order) without
     timing it, and why: the common winner of its nearest decided neighbours below and
-    above, when they agree and each won clearly. ``decided`` gives a range's decision
-    by its name (None while undecided); ``clearly``, whether a decided range's winner
-    was clearly ahead of its runner-up (a near tie says nothing of the sizes beside
-    it)."""
+    above, when they agree. ``decided`` gives a range's decision by its name (None
+    while undecided)."""
     below, above = (
         _nearest_decided(ladder, name, decided, -1),
         _nearest_decided(ladder, name, decided, 1),
     )
-    if (
-        below is None
-        or above is None
-        or below[1] != above[1]
-        or not (clearly(below[0]) and clearly(above[0]))
-    ):
+    if below is None or above is None or below[1] != above[1]:
         return None
     return below[
         1

@@ -141,25 +141,22 @@ class GroupChoice:
     # Provisional for want of confidence only: still a measurement, which a ladder's
     # neighbouring ranges may interpolate between (a fallback is none).
     unsure: bool = dataclasses.field(default=False, compare=False)
-    # Timed, but the winner was not clearly ahead of the runner-up: no evidence for
-    # the ranges beside it (Confidence.near_tie).
-    near_tie: bool = dataclasses.field(default=False, compare=False)
 
     def to_wire(self) -> list[Any]:
-        """The decision as a JSON list: ``[winner, provisional, unsure, near_tie]``."""
-        return [self.winner, self.provisional, self.unsure, self.near_tie]
+        """The decision as a JSON list: ``[winner, provisional, unsure]``."""
+        return [self.winner, self.provisional, self.unsure]
 
     @staticmethod
     def from_wire(value: Any) -> GroupChoice:
         """The decision ``value`` holds; CollectiveAutotuneError where it holds none."""
         if not (
             isinstance(value, list)
-            and len(value) == 4
+            and len(value) in (2, 3)
             and isinstance(value[0], str)
             and all(isinstance(flag, bool) for flag in value[1:])
         ):
             raise _malformed("a group's decision", value)
-        return GroupChoice(*value)
+        return GroupChoice(value[0], value[1], len(value) == 3 and value[2])
 
     def encode(self) -> str:
         """The decision as the Store keeps it (PUBLISH)."""
@@ -406,8 +403,6 @@ class SiteReport:
     # Where the stored decision is provisional: the runner-up to time its winner
     # against.
     stored_runner_up: str | None = None
-    # Whether the stored decision was a near tie (StoredDecision.near_tie).
-    stored_near_tie: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         """The report as its vote carries it: one JSON object, None as null."""
@@ -420,7 +415,6 @@ class SiteReport:
             "failed": dict(self.failed),
             "built": self.built,
             "stored_runner_up": self.stored_runner_up,
-            "stored_near_tie": self.stored_near_tie,
         }
 
     @staticmethod
@@ -443,7 +437,6 @@ class SiteReport:
             value["failed"],
             value["built"],
             value["stored_runner_up"],
-            value["stored_near_tie"],
         )
 
 
@@ -466,7 +459,6 @@ _REPORT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "failed": _reasons,
     "built": lambda v: isinstance(v, bool),
     "stored_runner_up": _optional_str,
-    "stored_near_tie": lambda v: isinstance(v, bool),
 }
 
 
@@ -479,8 +471,6 @@ class SiteDecision:
     reason: str
     source: Source
     provisional: bool = False
-    # A stored decision taken as it is: whether it was a near tie.
-    near_tie: bool = False
 
 
 # What building a site's choices takes: the labels to build; why each that did not
@@ -701,8 +691,6 @@ def _stored_decision(
             "every rank holds the same stored decision, which passed its screen again",
             Source.DISK,
             provisional=bool(runner_up),
-            # The digest covers it: the same on every rank.
-            near_tie=reports[0].stored_near_tie,
         )
     log.warning(
         "the stored decision for %s (winner %s) is not used: %s; tuning afresh",
@@ -861,7 +849,6 @@ def settle_key(
         environment,
         code,
         stored.provisional,
-        stored.near_tie,
     )
     return stored
 
@@ -972,10 +959,7 @@ def _group_loads(
 ) -> bool:
     """Whether the group of ``group_name`` takes the decisions ``inlined`` in a cached
     graph of ``plan``, as :func:`group_takes_cached_graph` says."""
-    embedded = {
-        d.key: GroupChoice(d.winner, d.provisional, near_tie=d.near_tie)
-        for d in inlined
-    }
+    embedded = {d.key: GroupChoice(d.winner, d.provisional) for d in inlined}
     group = _resolve(group_name)
     if group is None:
         return False

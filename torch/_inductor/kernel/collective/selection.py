@@ -269,21 +269,14 @@ def decided_before_tracing(site: CallSite) -> str | None:
             site.code,
         )
 
-    def decision_of(range_name: str) -> GroupChoice | None:
-        return graph_sessions.decided(decisions, key_of(range_name))
-
     def winner_of(range_name: str) -> str | None:
-        return measured_winner(decision_of(range_name))
-
-    def clearly(range_name: str) -> bool:
-        choice = decision_of(range_name)
-        return choice is not None and not choice.near_tie
+        choice = graph_sessions.decided(decisions, key_of(range_name))
+        measured = choice is not None and (not choice.provisional or choice.unsure)
+        return choice.winner if measured else None
 
     ladder = dispatch.ladder_of(site.name)
     # Every rank interpolates alike, whoever published first.
-    between = (
-        dispatch.interpolated(ladder, site.name, winner_of, clearly) if ladder else None
-    )
+    between = dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
     if between is not None:
         _prepared_sites()[site.name] = dataclasses.replace(
             site, source=Source.LADDER, reason=between[1]
@@ -298,13 +291,6 @@ def decided_before_tracing(site: CallSite) -> str | None:
     )
     choice = graph_sessions.decided(decisions, site.key)
     return None if choice is None else choice.winner
-
-
-def measured_winner(choice: GroupChoice | None) -> str | None:
-    """The winner of a ladder range's decision where it stands for a measurement (a
-    provisional one only where it was timed without confidence; a fallback is none)."""
-    measured = choice is not None and (not choice.provisional or choice.unsure)
-    return choice.winner if measured else None
 
 
 def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
@@ -490,7 +476,6 @@ class _SiteWork:
                 if persisted and persisted.provisional
                 else None
             ),
-            stored_near_tie=persisted.near_tie if persisted else False,
             failed={
                 **{
                     label: "not traced on this rank"
@@ -585,11 +570,10 @@ def _settled(
     ``confidence``."""
     env = environment(site.group, site.device)
     unsure = confidence is not None and not confidence.settled
-    near_tie = confidence.near_tie if confidence is not None else decision.near_tie
     stored = graph_sessions.settle_key(
         voting,
         site.key,
-        GroupChoice(winner, decision.provisional, unsure=unsure, near_tie=near_tie),
+        GroupChoice(winner, decision.provisional, unsure=unsure),
         site.name,
         env,
         site.code,
@@ -609,7 +593,6 @@ def _settled(
                 provisional=unsure,
                 runner_up=confidence.runner_up if unsure and confidence else "",
                 confidence=confidence.describe() if confidence else "",
-                near_tie=near_tie,
             )
         )
     return source, winner, reason
