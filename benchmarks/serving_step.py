@@ -554,7 +554,7 @@ def run_mode(
                 "tokens": tokens,
                 "bytes": nbytes,
                 # The range graph of the dynamic model that runs this size (its ladder's merged
-                # range holding it), what compiled at its first call, and its seconds.
+                # range holding it); its compile is in first_calls.
                 "range": range_of(ladder, tokens),
                 "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
                 "host_us": {k: v.host_us[tokens] for k, v in variants.items()},

@@ -31,19 +31,20 @@ from common import header, init_process_group, write_json
 
 HIDDEN = 4096
 LARGEST = 16384  # tokens: serving_step's largest size, at which it allocates
+
+
+def two_shot(x: torch.Tensor, group_name: str) -> None:
+    torch.ops.symm_mem.two_shot_all_reduce_(x, "sum", group_name)
+
+
+def one_shot(x: torch.Tensor, group_name: str) -> None:
+    torch.ops.symm_mem.one_shot_all_reduce(x, "sum", group_name)
+
+
 KERNELS = {  # name: (tokens, call)
-    "two_shot_4096": (
-        4096,
-        lambda x, g: torch.ops.symm_mem.two_shot_all_reduce_(x, "sum", g),
-    ),
-    "two_shot_512": (
-        512,
-        lambda x, g: torch.ops.symm_mem.two_shot_all_reduce_(x, "sum", g),
-    ),
-    "one_shot_64": (
-        64,
-        lambda x, g: torch.ops.symm_mem.one_shot_all_reduce(x, "sum", g),
-    ),
+    "two_shot_4096": (4096, two_shot),
+    "two_shot_512": (512, two_shot),
+    "one_shot_64": (64, one_shot),
 }
 
 
