@@ -381,19 +381,24 @@ def measure_steps(
 def kernel_breakdown(
     bench: Bench, variants: dict[str, Variant], device: torch.device
 ) -> dict[str, Any]:
-    """Each variant's device µs per step at each size, by kernel (this rank's;
-    torch.profiler; every rank runs it, the steps being collective): where a step's
-    time goes, to tell the collective's share from the rest of the model's."""
+    """Each variant's device µs per step at each size, by kernel and rank
+    (torch.profiler; the steps being collective, every rank runs it): where a step's
+    time goes, to tell the collective's share from the rest of the model's. A
+    collective kernel's time includes its wait for the peers, so a rank's long
+    collective is read beside its peers' kernels before it."""
     from dynamic_kernels import kernel_us
 
     breakdown: dict[str, Any] = {}
     for t in bench.tokens:
         x = model_input(bench, t, device, dynamic=False)
         for name, v in variants.items():
-            kernels = kernel_us(v.models[t], x)
+            per_rank: list[dict[str, float]] = [
+                {} for _ in range(dist.get_world_size())
+            ]
+            dist.all_gather_object(per_rank, kernel_us(v.models[t], x))
             breakdown.setdefault(name, {})[t] = {
-                "device_us": round(sum(kernels.values()), 1),
-                "kernels_us": kernels,
+                "device_us": [round(sum(k.values()), 1) for k in per_rank],
+                "kernels_us": per_rank,
             }
     return breakdown
 
@@ -701,6 +706,11 @@ def run(args: argparse.Namespace) -> None:
         torch._dynamo.config.accumulated_recompile_limit
     ) = 1024
     inductor_config.collective_autotune_dynamic_max = bench.dynamic_max
+    # Inductor times a pointwise kernel's launch configurations at its first launch, on
+    # each rank alone: ranks (and compiles) of one model can keep different ones, and a
+    # collective step runs at its slowest rank's pace. Off, every kernel keeps the first
+    # configuration of its heuristics, the same on every rank and in every variant.
+    inductor_config.triton.autotune_pointwise = args.pointwise_autotune == "on"
     rank0 = dist.get_rank() == 0
     result = {
         **header(device),
@@ -710,6 +720,7 @@ def run(args: argparse.Namespace) -> None:
         "implementations": [*bench.implementations, "default"],
         "compile_tokens": COMPILE_TOKENS,
         "collective_autotune_dynamic_max": bench.dynamic_max,
+        "pointwise_autotune": args.pointwise_autotune,
         "modes": {
             mode: run_mode(bench, mode, args.layers, device, rank0, args.kernels)
             for mode in bench.modes
@@ -851,6 +862,14 @@ def main() -> None:
         "--kernels",
         action="store_true",
         help="also record each variant's device time per kernel at each size (GPUs)",
+    )
+    parser.add_argument(
+        "--pointwise-autotune",
+        choices=["on", "off"],
+        default="on",
+        help="Inductor's timing of each pointwise kernel's launch configurations at "
+        "its first launch, on each rank alone (on: the default, as users run it; off: "
+        "every rank and variant keeps the same configuration)",
     )
     run(parser.parse_args())
 
