@@ -9,6 +9,7 @@ but not Inductor: :func:`fresh_state` must run before Inductor's config is impor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -162,6 +163,21 @@ def timed_call(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> tuple[floa
     if x.device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start, out
+
+
+@contextlib.contextmanager
+def compile_phases(into: dict[str, float], least_s: float = 0.02) -> Iterator[None]:
+    """Seconds each ``dynamo_timed`` phase of the compiles inside the block took (this
+    rank's; phases nest, so they overlap), into ``into``: those of at least
+    ``least_s``."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    before = {k: len(v) for k, v in compilation_time_metrics.items()}
+    yield
+    for key, times in compilation_time_metrics.items():
+        spent = sum(times[before.get(key, 0) :])
+        if spent >= least_s:
+            into[key] = round(into.get(key, 0.0) + spent, 3)
 
 
 def first_call_s(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:

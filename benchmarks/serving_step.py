@@ -87,6 +87,7 @@ from torch._inductor.kernel.collective.hooks import collective_autotune_records
 from common import (
     assert_close_sum,
     barrier,
+    compile_phases,
     CountedInductor,
     first_call_s,
     group_max,
@@ -212,6 +213,9 @@ class FirstCall:
     tokens: int
     compiles: int
     seconds: float
+    # Where a compile's seconds went: Dynamo's and Inductor's timed phases (this rank's;
+    # nested phases overlap).
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -226,6 +230,7 @@ class Variant:
     compiles: int = 0
     cudagraph_skips: int = 0
     compile_s: float = 0.0
+    compile_phases: dict[str, float] = dataclasses.field(default_factory=dict)
     # Dynamic variants, each call of the warm-up in order: its size, the graphs it
     # compiled (a range graph of its own) and what it took (seconds, slowest rank).
     first_calls: list[FirstCall] = dataclasses.field(default_factory=list)
@@ -309,15 +314,18 @@ def compile_variant(
             first = model_input(
                 bench, compile_tokens if dynamic else tokens, device, dynamic
             )
-            variant.compile_s += first_call_s(model, first)
+            with compile_phases(variant.compile_phases):
+                variant.compile_s += first_call_s(model, first)
         x = model_input(bench, tokens, device, dynamic)
         if dynamic:
             # The warm-up visits every size: a size of a range not compiled yet compiles
             # its range graph (kernel/collective/range_graphs.py) here, never while measured.
             before = backends[-1].compiles
-            seconds = first_call_s(model, x)
+            phases: dict[str, float] = {}
+            with compile_phases(phases):
+                seconds = first_call_s(model, x)
             variant.first_calls.append(
-                FirstCall(tokens, backends[-1].compiles - before, seconds)
+                FirstCall(tokens, backends[-1].compiles - before, seconds, phases)
             )
         for _ in range(3):  # in graph mode: warm-up, record, replay
             model(x)
@@ -524,7 +532,7 @@ def run_mode(
     for name, v in variants.items():
         v.compiles_after_warm_up = sum(b.compiles for b in v.backends) - warm[name]
     breakdown = kernel_breakdown(bench, variants, device) if kernels else None
-    written_in_s = further_ranges_untuned(
+    written_in = further_ranges_untuned(
         bench, mode, layers, variants, ladder, fresh_group, device
     )
     for name, variant in variants.items():
@@ -600,8 +608,11 @@ def run_mode(
                     **dataclasses.asdict(call),
                     "range": range_of(ladder, call.tokens),
                     **(
-                        {"untuned_compile_s": written_in_s[call.tokens]}
-                        if call.compiles and call.tokens in written_in_s
+                        {
+                            "untuned_compile_s": written_in[call.tokens].compile_s,
+                            "untuned_phases": written_in[call.tokens].compile_phases,
+                        }
+                        if call.compiles and call.tokens in written_in
                         else {}
                     ),
                 }
@@ -632,6 +643,12 @@ def run_mode(
                 # Each variant's compile (the first call at its first size).
                 **{f"variant_{k}": v.compile_s for k, v in variants.items()},
             },
+            # Where those seconds went (rank 0's timed phases; nested ones overlap).
+            "compile_phases": {
+                "dynamic_tuned": variants["dynamic"].compile_phases,
+                "dynamic_tuned_again": again.compile_phases,
+                "dynamic_untuned": untuned.compile_phases,
+            },
             "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
             "extra_compile_again_s": again.compile_s - untuned.compile_s,
             **({"kernels": breakdown} if breakdown else {}),
@@ -647,7 +664,7 @@ def further_ranges_untuned(
     ladder: list[tuple[str, str, str]],
     fresh_group: Callable[[], dist.ProcessGroup],
     device: torch.device,
-) -> dict[int, float]:
+) -> dict[int, Variant]:
     """Per size of the warm-up whose first call compiled a further range graph: the
     compile of that range's untuned model (its winner written in; the op's own,
     untuned), fresh, first called at that size, as the range graph was. Inductor
@@ -662,7 +679,7 @@ def further_ranges_untuned(
         name = winner if winner in WRITTEN_IN else "default"
         untuned[call.tokens] = written_in_variant(
             bench, mode, layers, name, fresh_group(), device, [call.tokens], call.tokens
-        ).compile_s
+        )
     return untuned
 
 
