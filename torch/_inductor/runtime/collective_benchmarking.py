@@ -457,8 +457,9 @@ class CollectiveBenchmarker:
         self._incidents: list[str] = []
         # Seconds the last benchmark spent in each of its steps.
         self.phases: dict[str, float] = {}
-        # Seconds per second the timing thread waited for a CPU in the last benchmark's
-        # rounds, on the group's most contended rank (HostContention).
+        # Seconds per second the timing thread waited for a CPU while the last
+        # benchmark timed its most contended choice, on the group's most contended rank
+        # (HostContention).
         self.host_contention = 0.0
 
     # -- public -----------------------------------------------------------------
@@ -485,13 +486,18 @@ class CollectiveBenchmarker:
             marks.append(time.perf_counter())
             batches = self._prepare_batches(candidates, status, first_call_us)
             marks.append(time.perf_counter())
-            with HostContention() as contention:
-                samples, skews = self._sample(
-                    candidates, batches, set(keep), first_call_us
-                )
+            contention = [HostContention() for _ in candidates]
+            samples, skews = self._sample(
+                candidates, batches, set(keep), first_call_us, contention
+            )
             marks.append(time.perf_counter())
             timings = self._reduce(
-                candidates, status, batches, samples, skews, contention.value
+                candidates,
+                status,
+                batches,
+                samples,
+                skews,
+                [c.value for c in contention],
             )
             marks.append(time.perf_counter())
             self.phases = dict(
@@ -724,6 +730,7 @@ class CollectiveBenchmarker:
         batches: list[_Batch | None],
         keep: set[int],
         first_call_us: list[float],
+        contention: list[HostContention],
     ) -> tuple[list[list[float]], list[list[float]]]:
         samples: list[list[float]] = [[] for _ in candidates]
         skews: list[list[float]] = [[] for _ in candidates]
@@ -732,7 +739,7 @@ class CollectiveBenchmarker:
         for _ in range(rounds):
             if not live:
                 break
-            times, skew = self._round(batches, live)
+            times, skew = self._round(batches, live, contention)
             for i in live:
                 samples[i].append(times[i])
                 skews[i].append(skew[i])
@@ -791,7 +798,7 @@ class CollectiveBenchmarker:
         batches: list[_Batch | None],
         samples: list[list[float]],
         skews: list[list[float]],
-        contention: float,
+        contention: list[float],
     ) -> list[ChoiceTiming]:
         quartiles = [_quartiles(s) for s in samples]
         medians = [q[1] for q in quartiles]
@@ -799,7 +806,7 @@ class CollectiveBenchmarker:
         n = len(candidates)
         # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank,
         # the spread of the rendezvous' duration, the quartiles on the slowest rank, and
-        # how contended the most contended rank's host was while sampling.
+        # how contended the most contended rank's host was while each choice was timed.
         reduced = self._all_reduce_max(
             medians
             + [-t for t in medians]
@@ -807,9 +814,9 @@ class CollectiveBenchmarker:
             + [-s for s in skew]
             + [q[0] for q in quartiles]
             + [q[2] for q in quartiles]
-            + [contention]
+            + contention
         )
-        self.host_contention = reduced[-1]
+        self.host_contention = max(reduced[6 * n :], default=0.0)
         return [
             ChoiceTiming(
                 name=c.name,
@@ -829,18 +836,25 @@ class CollectiveBenchmarker:
     # -- rounds -----------------------------------------------------------------
 
     def _round(
-        self, batches: list[_Batch | None], live: list[int]
+        self,
+        batches: list[_Batch | None],
+        live: list[int],
+        contention: list[HostContention],
     ) -> tuple[dict[int, float], dict[int, float]]:
-        """One sample of every live choice: per-call us and rendezvous spread."""
+        """One sample of every live choice: per-call us and rendezvous spread. The
+        host's contention is measured per choice, over its host-paced samples only: a
+        busy host slows the choices that want the CPU at the time, not those that wait
+        on a peer, and a measure over the whole round would average them."""
         graphs = {i: b for i in live if (b := batches[i]) is not None and b.graph}
         times, skews = self._graph_round(graphs)
         for i in live:
             if i not in graphs:
                 b = batches[i]
                 assert b is not None
-                times[i], skews[i] = self._time_eager(
-                    b.timed, b.calls, "timing", b.rendezvous
-                )
+                with contention[i]:
+                    times[i], skews[i] = self._time_eager(
+                        b.timed, b.calls, "timing", b.rendezvous
+                    )
         return times, skews
 
     def _graph_round(
@@ -1111,15 +1125,21 @@ def _run_delay_ns() -> int | None:
 
 
 class HostContention:
-    """Measures, around a block, how long the calling thread (the one that launches and
-    times the calls, whose waits enter the samples) was runnable but waiting for a CPU,
-    per second of the block (``value``; 0 where the kernel does not tell). Per second of
-    wall time, not per second it wanted a CPU: a rank timing microsecond collectives is
-    woken thousands of times a second, and each wake-up waits a little on any host."""
+    """Measures, around the blocks it is entered for, how long the calling thread (the
+    one that launches and times the calls, whose waits enter the samples) was runnable
+    but waiting for a CPU, per second of those blocks (``value``; 0 where the kernel does
+    not tell). Per second of wall time, not per second it wanted a CPU: a rank timing
+    microsecond collectives is woken thousands of times a second, and each wake-up waits
+    a little on any host."""
 
     def __init__(self) -> None:
-        self.value = 0.0
+        self._delay_s = 0.0
+        self._elapsed_s = 0.0
         self._start: tuple[int, float] | None = None
+
+    @property
+    def value(self) -> float:
+        return self._delay_s / self._elapsed_s if self._elapsed_s > 0 else 0.0
 
     def __enter__(self) -> HostContention:
         delay = _run_delay_ns()
@@ -1130,9 +1150,8 @@ class HostContention:
         delay = _run_delay_ns()
         if self._start is None or delay is None:
             return
-        elapsed = time.perf_counter() - self._start[1]
-        if elapsed > 0:
-            self.value = max(0.0, (delay - self._start[0]) / 1e9 / elapsed)
+        self._delay_s += max(0, delay - self._start[0]) / 1e9
+        self._elapsed_s += time.perf_counter() - self._start[1]
 
 
 def clearly_slower(low_us: float, leader_high_us: float) -> bool:

@@ -11,9 +11,11 @@ good. So every benchmark says how much its readings can be trusted:
   (the benchmark's own test for dropping a choice, :func:`clearly_slower`, asks
   :data:`DROP_MARGIN`);
 * *spread*: the larger relative interquartile range of the two, on their slowest ranks;
-* *contention*: while the rounds ran, the seconds per second the timing thread spent
-  runnable but waiting for a CPU, on the group's most contended rank
-  (collective_benchmarking.HostContention).
+* *contention*: the seconds per second the timing thread spent runnable but waiting
+  for a CPU while a choice's samples were taken, for the most contended choice on the
+  group's most contended rank (collective_benchmarking.HostContention). Per choice: a
+  busy process slows the choices whose ranks want the CPU at once, and a measure over
+  every choice's samples averages those with the ones that wait on a peer.
 
 A decision is *settled* when the host was quiet where it paces the samples (eager
 timing: host-paced launches and CPU collectives; graph replays are enqueued behind a GPU
@@ -56,8 +58,8 @@ class Confidence:
     lead: float = math.inf
     # The larger relative interquartile range of winner and runner-up.
     spread: float = 0.0
-    # Seconds per second the timing thread spent waiting for a CPU, on the group's most
-    # contended rank.
+    # Seconds per second the timing thread spent waiting for a CPU while the most
+    # contended choice was timed, on the group's most contended rank.
     contention: float = 0.0
     settled: bool = True
     reason: str = ""
