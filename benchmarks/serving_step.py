@@ -70,7 +70,7 @@ import math
 import statistics
 import time
 from typing import Any
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import common  # benchmarks/, the script's own directory
 
@@ -218,6 +218,9 @@ class FirstCall:
     # Where a compile's seconds went: Dynamo's and Inductor's timed phases (this rank's;
     # nested phases overlap).
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    # With --profile-compiles: the functions of collective autotuning by cumulative
+    # seconds, and every function by its own seconds (cProfile, this rank's).
+    profile: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -324,10 +327,12 @@ def compile_variant(
             # its range graph (kernel/collective/range_graphs.py) here, never while measured.
             before = backends[-1].compiles
             phases: dict[str, float] = {}
-            with compile_phases(phases):
+            with compile_phases(phases), profiled(PROFILE_COMPILES) as profile:
                 seconds = first_call_s(model, x)
             variant.first_calls.append(
-                FirstCall(tokens, backends[-1].compiles - before, seconds, phases)
+                FirstCall(
+                    tokens, backends[-1].compiles - before, seconds, phases, profile
+                )
             )
         for _ in range(3):  # in graph mode: warm-up, record, replay
             model(x)
@@ -339,6 +344,43 @@ def compile_variant(
     variant.cudagraph_skips = counters["inductor"]["cudagraph_skips"] - skips
     variant.backends = backends
     return variant
+
+
+# --profile-compiles: each first call of the dynamic model's warm-up runs under cProfile.
+PROFILE_COMPILES = False
+
+
+@contextlib.contextmanager
+def profiled(enabled: bool) -> Iterator[dict[str, Any]]:
+    """cProfile around the block, where ``enabled``: collective autotuning's functions by
+    cumulative seconds and the 15 functions of most own seconds, into the dict yielded."""
+    import cProfile
+    import pstats
+
+    result: dict[str, Any] = {}
+    if not enabled:
+        yield result
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield result
+    finally:
+        profiler.disable()
+        stats = pstats.Stats(
+            profiler
+        ).stats  # (file, line, name) -> (cc, nc, tt, ct, _)
+        rows = [
+            (f"{file.split('site-packages/')[-1]}:{line}:{name}", nc, tt, ct)
+            for (file, line, name), (_, nc, tt, ct, _) in stats.items()
+        ]
+        ours = [r for r in rows if "collective" in r[0] and r[3] >= 0.005]
+        result["collective_cumulative_s"] = {
+            r[0]: [r[1], round(r[3], 3)] for r in sorted(ours, key=lambda r: -r[3])[:40]
+        }
+        result["own_s"] = {
+            r[0]: [r[1], round(r[2], 3)] for r in sorted(rows, key=lambda r: -r[2])[:15]
+        }
 
 
 def host_us(fn: Callable, x: torch.Tensor) -> float:
@@ -766,6 +808,8 @@ def run(args: argparse.Namespace) -> None:
     # collective step runs at its slowest rank's pace. Off, every kernel keeps the first
     # configuration of its heuristics, the same on every rank and in every variant.
     inductor_config.triton.autotune_pointwise = args.pointwise_autotune == "on"
+    global PROFILE_COMPILES
+    PROFILE_COMPILES = args.profile_compiles
     rank0 = dist.get_rank() == 0
     result = {
         **header(device),
@@ -928,6 +972,12 @@ def main() -> None:
         help="Inductor's timing of each pointwise kernel's launch configurations at "
         "its first launch, on each rank alone (on: the default, as users run it; off: "
         "every rank and variant keeps the same configuration)",
+    )
+    parser.add_argument(
+        "--profile-compiles",
+        action="store_true",
+        help="run each first call of the dynamic model's warm-up under cProfile and "
+        "record collective autotuning's cumulative seconds there",
     )
     run(parser.parse_args())
 
