@@ -528,6 +528,21 @@ def run_mode(
             if r.group_name == group.group_name
         }.values()
     )
+    # What each timed range read (µs per call on the slowest rank: lower quartile,
+    # median, upper quartile) and why its winner won: the op timed alone, to set
+    # against what the model's step shows at the same size.
+    ladder_timings = {
+        r.op.rsplit("_range_", 1)[1]: {
+            "reason": r.reason,
+            "timings_us": {
+                t.name: [t.low_us, t.max_us, t.high_us]
+                for t in r.timings
+                if math.isfinite(t.max_us)
+            },
+        }
+        for r in collective_autotune_records()[first_record:]
+        if r.group_name == group.group_name and r.timings
+    }
     if rank0:
         print(f"[{mode}] ladder: {ladder}", flush=True)
     # The same compile again, with a group of its own (its decisions made afresh): what
@@ -643,6 +658,7 @@ def run_mode(
         {
             "rows": rows,
             "ladder": ladder,
+            "ladder_timings": ladder_timings,
             # The dynamic model's calls in the warm-up, in order (warm_up_sizes(), then
             # the sweep's sizes): the range graph that runs each, what its first call
             # compiled and cost, and where that compiled a further range, the compile of
