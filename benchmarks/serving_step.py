@@ -53,10 +53,16 @@ holds them from an earlier job; a second tuned compile (a group of its own, so i
 decisions are made afresh) shows what tuning adds once they are cached. A further range
 graph's compile (its first call in the warm-up) is set against its untuned compile: that
 of the model with the range's winner written in, compiled afresh and first called at the
-same size (Inductor autotunes its kernels at their first launch's size). With
-``--kernels`` each variant's device time per kernel at each size is recorded too
+same size (Inductor autotunes its kernels at their first launch's size), on the process's
+caches and on fresh ones (the range graph's kernels are its own, compiled cold); every
+first call records Dynamo's and Inductor's timed phases. With ``--kernels`` each
+variant's device time per kernel at each size is recorded too, on every rank
 (torch.profiler), to tell what the collective costs in a step from what the rest of the
-model's kernels cost in a dynamic compile.
+model's kernels cost, and a rank's wait for its peer from its own work.
+``--pointwise-autotune off`` gives every Triton kernel the first configuration of its
+heuristics on every rank (Inductor otherwise times them on each rank alone, and ranks can
+keep configurations 50% apart); ``--profile-compiles`` runs the warm-up's first calls
+under cProfile.
 """
 
 from __future__ import annotations
