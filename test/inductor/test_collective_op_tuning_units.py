@@ -561,32 +561,48 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
             judge,
         )
 
-        def timing(name, low, mid, high):
+        quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
+
+        def timing(name, low, mid, high, contention=quiet):
             return ChoiceTiming(
-                name, mid, mid, 1, ChoiceStatus.OK, low_us=low, high_us=high
+                name,
+                mid,
+                mid,
+                1,
+                ChoiceStatus.OK,
+                low_us=low,
+                high_us=high,
+                contention=contention,
             )
 
-        clear = [
-            timing("a", 9.0, 10.0, 10.5),
-            timing("b", 12.0, 13.0, 14.0),
-            timing("c", 30, 31, 32),
-        ]
-        quiet, busy = CONTENTION_LIMIT / 2, CONTENTION_LIMIT * 2
-        settled = judge(clear, "a", quiet, host_paced=True)
+        def readings(contention):
+            return [
+                timing("a", 9.0, 10.0, 10.5, contention.get("a", quiet)),
+                timing("b", 12.0, 13.0, 14.0, contention.get("b", quiet)),
+                timing("c", 30, 31, 32, contention.get("c", quiet)),
+            ]
+
+        clear = readings({})
+        settled = judge(clear, "a", host_paced=True)
         assert settled.settled and settled.runner_up == "b"
         assert abs(settled.lead - (12.0 / 10.5 - 1)) < 1e-9
-        # The same readings on a busy host: not trusted where the host paced the samples
-        # (eager), trusted where it did not (CUDA-graph replays).
-        assert not judge(clear, "a", busy, host_paced=True).settled
-        assert "busy" in judge(clear, "a", busy, host_paced=True).reason
-        assert judge(clear, "a", busy, host_paced=False).settled
+        # The same readings with the host busy while the winner or the runner-up was
+        # timed: not trusted where the host paced the samples (eager), trusted where it
+        # did not (CUDA-graph replays).
+        for loaded in ({"a": busy}, {"b": busy}):
+            assert not judge(readings(loaded), "a", host_paced=True).settled
+            assert "busy" in judge(readings(loaded), "a", host_paced=True).reason
+            assert judge(readings(loaded), "a", host_paced=False).settled
+        # Busy only while a choice that is neither was timed: it decides nothing.
+        assert judge(readings({"c": busy}), "a", host_paced=True).settled
         # Overlapping quartiles on a quiet host: a near tie, kept (either serves as well).
         close = [timing("a", 9.0, 10.0, 11.0), timing("b", 10.5, 10.8, 12.0)]
-        tie = judge(close, "a", quiet, host_paced=True)
+        tie = judge(close, "a", host_paced=True)
         assert tie.settled and "near tie" in tie.reason and tie.lead < 0
-        assert not judge(close, "a", busy, host_paced=True).settled
+        close[1] = dataclasses.replace(close[1], contention=busy)
+        assert not judge(close, "a", host_paced=True).settled
         # Only one choice timed: nothing to be unsure about.
-        assert judge([clear[0]], "a", busy, host_paced=True).settled
+        assert judge([timing("a", 9, 10, 11, busy)], "a", host_paced=True).settled
 
     def test_collectives_are_recognised_by_their_exact_names_only(self):
         aten, fc = torch.ops.aten, torch.ops._c10d_functional

@@ -387,6 +387,10 @@ class ChoiceTiming:
     high_us: float = math.nan
     # Why the choice was dropped on every rank, the same words on every rank; "" for OK.
     reason: str = ""
+    # Seconds per second the timing thread waited for a CPU while this choice's
+    # host-paced samples were taken, on the most contended rank (HostContention; 0 for
+    # CUDA-graph replays, which the host does not pace).
+    contention: float = 0.0
 
     def __post_init__(self) -> None:
         # (A status given by its value, "ok" say, becomes the enum member.)
@@ -457,10 +461,6 @@ class CollectiveBenchmarker:
         self._incidents: list[str] = []
         # Seconds the last benchmark spent in each of its steps.
         self.phases: dict[str, float] = {}
-        # Seconds per second the timing thread waited for a CPU while the last
-        # benchmark timed its most contended choice, on the group's most contended rank
-        # (HostContention).
-        self.host_contention = 0.0
 
     # -- public -----------------------------------------------------------------
 
@@ -816,7 +816,6 @@ class CollectiveBenchmarker:
             + [q[2] for q in quartiles]
             + contention
         )
-        self.host_contention = max(reduced[6 * n :], default=0.0)
         return [
             ChoiceTiming(
                 name=c.name,
@@ -829,6 +828,7 @@ class CollectiveBenchmarker:
                 skew_us=reduced[2 * n + i] + reduced[3 * n + i],
                 low_us=reduced[4 * n + i],
                 high_us=reduced[5 * n + i],
+                contention=reduced[6 * n + i],
             )
             for i, c in enumerate(candidates)
         ]

@@ -12,10 +12,13 @@ good. So every benchmark says how much its readings can be trusted:
   :data:`DROP_MARGIN`);
 * *spread*: the larger relative interquartile range of the two, on their slowest ranks;
 * *contention*: the seconds per second the timing thread spent runnable but waiting
-  for a CPU while a choice's samples were taken, for the most contended choice on the
-  group's most contended rank (collective_benchmarking.HostContention). Per choice: a
-  busy process slows the choices whose ranks want the CPU at once, and a measure over
-  every choice's samples averages those with the ones that wait on a peer.
+  for a CPU while a choice's samples were taken, on the group's most contended rank
+  (collective_benchmarking.HostContention), for the more contended of winner and
+  runner-up. Per choice: a busy process slows the choices whose ranks want a CPU at
+  once and barely touches one whose ranks take turns, and a measure over every choice's
+  samples averages the two; of the two compared, since a choice that is neither
+  decides nothing (and the most contended of several, on a small host, is often one
+  the job's own threads crowd).
 
 A decision is *settled* when the host was quiet where it paces the samples (eager
 timing: host-paced launches and CPU collectives; graph replays are enqueued behind a GPU
@@ -58,8 +61,8 @@ class Confidence:
     lead: float = math.inf
     # The larger relative interquartile range of winner and runner-up.
     spread: float = 0.0
-    # Seconds per second the timing thread spent waiting for a CPU while the most
-    # contended choice was timed, on the group's most contended rank.
+    # Seconds per second the timing thread spent waiting for a CPU while the winner or
+    # the runner-up was timed (the more contended), on the group's most contended rank.
     contention: float = 0.0
     settled: bool = True
     reason: str = ""
@@ -75,11 +78,9 @@ class Confidence:
         )
 
 
-def judge(
-    timings: Sequence[ChoiceTiming], winner: str, contention: float, host_paced: bool
-) -> Confidence:
-    """How far the pick of ``winner`` among ``timings`` can be trusted, given the
-    group's ``contention`` while they were timed; ``host_paced`` says whether the host's
+def judge(timings: Sequence[ChoiceTiming], winner: str, host_paced: bool) -> Confidence:
+    """How far the pick of ``winner`` among ``timings`` can be trusted, given how
+    contended the host was while each was timed; ``host_paced`` says whether the host's
     timing entered the samples (eager timing)."""
     timed = [
         t for t in timings if t.status is ChoiceStatus.OK and math.isfinite(t.max_us)
@@ -87,8 +88,9 @@ def judge(
     best = next((t for t in timed if t.name == winner), None)
     others = sorted((t for t in timed if t.name != winner), key=lambda t: t.max_us)
     if best is None or not others:
-        return Confidence(contention=contention)
+        return Confidence(contention=best.contention if best is not None else 0.0)
     runner_up = others[0]
+    contention = max(best.contention, runner_up.contention)
     lead = runner_up.low_us / best.high_us - 1 if best.high_us > 0 else math.inf
     spread = max(
         (t.high_us - t.low_us) / t.max_us for t in (best, runner_up) if t.max_us > 0

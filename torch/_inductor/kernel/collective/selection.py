@@ -533,7 +533,7 @@ class _SiteWork:
         # (Inductor's regular benchmarking deadlocks so on gloo collectives).
         site = self.site
         with no_python_dispatcher():
-            timings, self.phases, contention = benchmark(
+            timings, self.phases = benchmark(
                 self.inputs,
                 self.by_label,
                 picked,
@@ -548,7 +548,7 @@ class _SiteWork:
         winner, picked_because = pick(
             picked, timings, site.min_speedup_threshold, site.nearest
         )
-        confidence = judge(timings, winner, contention, host_paced=site.mode == "eager")
+        confidence = judge(timings, winner, host_paced=site.mode == "eager")
         return (
             tuple(timings),
             winner,

@@ -211,11 +211,10 @@ def benchmark(
     keep_default: bool,
     neighbours: Neighbours,
     mutable: Sequence[int] = (),
-) -> tuple[list[ChoiceTiming], dict[str, float], float]:
+) -> tuple[list[ChoiceTiming], dict[str, float]]:
     """The group's timings of the choices ``names`` (labels of ``by_label``), in
-    lockstep with its other ranks in ``session``; the seconds each step of the
-    benchmark took on this rank; and how contended the group's most contended host was
-    while the choices were timed (CollectiveBenchmarker.host_contention)."""
+    lockstep with its other ranks in ``session``, and the seconds each step of the
+    benchmark took on this rank."""
     candidates, screened = _prepared_inputs(
         inputs, by_label, names, process_group, session, neighbours, mutable
     )
@@ -226,7 +225,7 @@ def benchmark(
     timings = benchmarker.benchmark(
         candidates, screened, reference, keep=(reference,) if keep_default else ()
     )
-    return timings, benchmarker.phases, benchmarker.host_contention
+    return timings, benchmarker.phases
 
 
 def screen_stored(
