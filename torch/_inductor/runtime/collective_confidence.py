@@ -44,10 +44,11 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 
 # Above this many seconds per second that the timing thread of some rank spent runnable
-# but waiting for a CPU, eager readings are not trusted. Measured on 2 gloo ranks on 2
-# cores: quiet 0.01-0.02 (milliseconds of work per call) and 0.11-0.15 (microsecond
-# collectives, woken thousands of times a second; a 3-layer model's once over 0.2, then
-# provisional); one busy process beside them 0.30-0.42.
+# but waiting for a CPU while the winner or the runner-up was timed, eager readings are
+# not trusted. Measured on 2 gloo ranks on 2 cores: quiet 0.01-0.12 (milliseconds of
+# work per call) and 0.04-0.26 (microsecond collectives, woken thousands of times a
+# second: a demo job's decision is provisional about one time in four there); one busy
+# process beside them 0.28-0.45.
 CONTENTION_LIMIT = 0.2
 
 
