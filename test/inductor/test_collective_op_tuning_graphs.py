@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.kernel.collective.dispatch import range_bounds
 from torch._inductor.kernel.collective.graph_sessions import SETTLED_IN_GRAPH
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -287,12 +288,6 @@ def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
     }
 
 
-def range_bounds(label: str) -> tuple[int, float]:
-    """A range's sizes from its label ("2_4", "65_inf")."""
-    low, high = label.split("_")
-    return int(low), math.inf if high == "inf" else int(high)
-
-
 def assert_each_size_ran_its_winner(a: dict, b: dict, device: str) -> None:
     assert a["records"] == b["records"]
     by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
@@ -363,6 +358,7 @@ def range_graphs_body(
             guards = counters["inductor"]["collective_autotune_range_graph_sites"]
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
             hits = counters["inductor"]["fxgraph_cache_hit"]
+            outside = counters["inductor"]["collective_autotune_ranges_outside"]
             x = torch.randn(n, 4, device=r.device)
             compiled(
                 x
@@ -386,6 +382,10 @@ def range_graphs_body(
                     ]
                     - dispatches,
                     "fx_cache_hits": counters["inductor"]["fxgraph_cache_hit"] - hits,
+                    "ranges_outside": counters["inductor"][
+                        "collective_autotune_ranges_outside"
+                    ]
+                    - outside,
                 }
             )
     return calls
@@ -394,9 +394,7 @@ def range_graphs_body(
 def cells_of(records) -> list[tuple[float, str]]:
     """(top, winner) of each range where the winner changes, in size order: the cells a
     range graph is compiled for."""
-    ranges = sorted(
-        (range_bounds(rec.op.rsplit("_range_", 1)[1]), rec.winner) for rec in records
-    )
+    ranges = sorted((range_bounds(rec.op), rec.winner) for rec in records)
     cells: list[tuple[float, str]] = []
     for (_, high), winner in ranges:
         if cells and cells[-1][1] == winner:
@@ -585,10 +583,7 @@ class TestGraphSessions(CollectiveTestCase):
             run_ranks(2, mixed_winners_body, device=device, timeout_s=150)
         )
         assert a["records"] == b["records"]
-        ranges = sorted(
-            (range_bounds(r.op.rsplit("_range_", 1)[1]), r.winner)
-            for r in a["records"][:5]
-        )
+        ranges = sorted((range_bounds(r.op), r.winner) for r in a["records"][:5])
         assert [bounds for bounds, _ in ranges] == [
             (1, 1),
             (2, 4),
@@ -784,6 +779,15 @@ class TestGraphSessions(CollectiveTestCase):
                 assert sum(rec.store_requests for rec in call["records"]) == 0, call[
                     "records"
                 ]
+                # It lowers only the ladder ranges inside its own range, at every site:
+                # the others are neither traced nor recorded.
+                low = max((top for top, _ in cells if top < call["n"]), default=0)
+                high = cells[cell(call["n"])][0]
+                lowered = [range_bounds(rec.op) for rec in call["records"]]
+                assert lowered and all(
+                    low < start and end <= high for start, end in lowered
+                ), (call["n"], cells, lowered)
+                assert call["ranges_outside"] == 4 * (5 - len(set(lowered))), call
         # One compile per range visited. (The boundaries may move by a ladder range on a
         # loaded 2-core machine: once in CI the ranges of 2 to 4 rows went to the
         # opaque op, and no call visits a range of 1 row alone.)

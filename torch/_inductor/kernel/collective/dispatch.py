@@ -75,9 +75,9 @@ class Ladder:
         return [bounds[i] for i in _bisection_order(len(bounds))]
 
 
-# The range names of each ladder in size order, by the range name of any of its points,
-# per graph being lowered (they live as long as it).
-_ladders: weakref.WeakKeyDictionary[Any, dict[str, list[str]]] = (
+# The range names of each ladder in size order and the dimension they divide, by the
+# range name of any of its points, per graph being lowered (they live as long as it).
+_ladders: weakref.WeakKeyDictionary[Any, dict[str, tuple[list[str], int]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -132,7 +132,7 @@ def dynamic_ladder(
     names = [range_name(name, start, end) for start, end in sorted(ladder.ranges)]
     ladders = _ladders.setdefault(V.graph, {})
     for n in names:
-        ladders[n] = names
+        ladders[n] = (names, dim)
     log.info(
         "%s has a dynamic size along dim %d of %s (up to %d): tuned at %s",
         name,
@@ -158,12 +158,19 @@ def is_range(name: str) -> bool:
     return bool(_RANGE_NAME.search(name))
 
 
-def ladder_of(name: str) -> list[str] | None:
+def ladder_of(name: str) -> tuple[list[str], int] | None:
     """The range names, in size order, of the ladder that range ``name`` belongs to in
-    the graph being lowered (None for a range of no ladder, the user's split points)."""
+    the graph being lowered, and the dimension of the op's first input they divide
+    (None for a range of no ladder: the user's split points)."""
     from torch._inductor.virtualized import V
 
     return _ladders.get(V.graph, {}).get(name)
+
+
+def range_bounds(range_name_: str) -> tuple[int, float]:
+    """The first and last size of a range, by its name (:func:`range_name`)."""
+    start, end = range_name_.rsplit("_", 2)[-2:]
+    return int(start), math.inf if end == "inf" else float(end)
 
 
 def interpolated(

@@ -151,8 +151,9 @@ def prepare_choices(
     key already, only the winner is traced (and the first implementation, whose
     arguments upstream gives the op's own implementation): a model's hundredth
     layer costs no more to compile than an untuned one. Where an earlier call site of
-    the graph settled a range of a dynamic op, nothing is traced: the range's winner
-    is all that the range-based lowering reads of it.
+    the graph settled a range of a dynamic op, or the range lies outside the sizes a
+    range graph is compiled for, nothing is traced: the range's winner is all that the
+    range-based lowering reads of it.
 
     Returns the implementations, their arguments and their config patches to trace,
     and the winner of a range settled so (None otherwise), to return untraced.
@@ -166,11 +167,15 @@ def prepare_choices(
         min_speedup_threshold,
         benchmark_with_cudagraphs,
     )
-    settled = selection.settled_range(site) if site is not None else None
+    outside = selection.range_outside_this_graph(site) if site is not None else None
+    settled = (
+        selection.settled_range(site) if site is not None and outside is None else None
+    )
     if settled is not None:
         _keep(settled)
+    if outside is not None or settled is not None:
         winner = _range_winner(
-            settled.winner,
+            outside or settled.winner,
             labels,
             decompositions,
             non_tensor_args,

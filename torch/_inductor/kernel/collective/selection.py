@@ -17,6 +17,7 @@ returns this rank's record of it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ from torch._inductor.kernel.collective.graph_sessions import (
     SiteDecision,
     SiteReport,
 )
+from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.kernel.collective.records import (
     Action,
     CollectiveAutotuneRecord,
@@ -76,6 +78,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from torch._inductor.ir import ChoiceCaller
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,23 +262,12 @@ def decided_before_tracing(site: CallSite) -> str | None:
         return session.settled[site.key].winner
     decisions = graph_sessions.group_decisions(site.group, site.settings.timeout)
 
-    def key_of(range_name: str) -> str:
-        return site_key(
-            range_name,
-            site.inputs,
-            site.labels,
-            site.mode,
-            site.min_speedup_threshold,
-            site.neighbours,
-            site.code,
-        )
-
     def winner_of(range_name: str) -> str | None:
-        choice = graph_sessions.decided(decisions, key_of(range_name))
+        choice = graph_sessions.decided(decisions, _range_key(site, range_name))
         measured = choice is not None and (not choice.provisional or choice.unsure)
         return choice.winner if measured else None
 
-    ladder = dispatch.ladder_of(site.name)
+    ladder, _ = dispatch.ladder_of(site.name) or (None, None)
     # Every rank interpolates alike, whoever published first.
     between = dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
     if between is not None:
@@ -291,6 +284,92 @@ def decided_before_tracing(site: CallSite) -> str | None:
     )
     choice = graph_sessions.decided(decisions, site.key)
     return None if choice is None else choice.winner
+
+
+def _range_key(site: CallSite, range_name: str) -> str:
+    """The key of range ``range_name`` of the ladder that ``site``'s range belongs to."""
+    return site_key(
+        range_name,
+        site.inputs,
+        site.labels,
+        site.mode,
+        site.min_speedup_threshold,
+        site.neighbours,
+        site.code,
+    )
+
+
+# Per graph being lowered, by the key of a ladder range: the range's winner where it
+# lies outside the sizes the graph is compiled for, None where it is lowered.
+_outside: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def range_outside_this_graph(site: CallSite) -> str | None:
+    """The winner of a ladder range that lies outside the sizes this graph is compiled
+    for, to return untraced and unrecorded; None where the range is lowered as usual.
+
+    A range graph (collective/range_graphs.py) inlines the winner of its own range
+    alone: the ladder's other winners only place the range's bounds. Where the graph's
+    session follows decisions made by an earlier compile of its plan (a range graph
+    compiled after the first: the group tuned the whole ladder then) and this rank
+    holds the decision of every range of the ladder, the graph is guarded on its range
+    before any range is lowered, and each range outside it costs neither a trace nor a
+    record: the compiled graph, and its cache entry, inline none of those decisions.
+    Upstream's range-based lowering would lower every range at every call site.
+
+    Each rank reads only decisions it settled or read before (no Store request); a
+    session that does not vote has no per-key lockstep, so ranks may lower different
+    keys of it. Counted in ``counters["inductor"]["collective_autotune_ranges_outside"]``.
+    """
+    from torch._dynamo.utils import counters
+    from torch._inductor.virtualized import V
+
+    ladder = dispatch.ladder_of(site.name)
+    if ladder is None:
+        return None
+    outside = _outside.setdefault(V.graph, {})
+    if site.key not in outside:
+        outside.update(_ranges_outside(site, *ladder))
+    winner = outside[site.key]
+    if winner is not None:
+        counters["inductor"]["collective_autotune_ranges_outside"] += 1
+    return winner
+
+
+def _ranges_outside(
+    site: CallSite, names: Sequence[str], dim: int
+) -> dict[str, str | None]:
+    """By key, the winner of each range of the ladder ``names`` (along ``dim``) outside
+    the range this graph is compiled for, None for those inside; None for every range
+    where the graph's range cannot be fixed before they are lowered."""
+    keys = {name: _range_key(site, name) for name in names}
+    session = graph_sessions.session_for(site.group, site.settings)
+    known = {name: session.decisions.known(key) for name, key in keys.items()}
+    lower_all = dict.fromkeys(keys.values())
+    if session.votes or None in known.values():
+        return lower_all
+    winners = {name: GroupChoice.decode(raw).winner for name, raw in known.items()}
+    tops = [
+        dispatch.range_bounds(name)[1]
+        for name, following in zip(names, [*names[1:], None])
+        if following is None or winners[following] != winners[name]
+    ]
+    cell, _ = range_of_this_graph(site.inputs[0].get_size()[dim], tops)
+    if cell is None:
+        return lower_all
+    outside = {}
+    for name, key in keys.items():
+        start, end = dispatch.range_bounds(name)
+        outside[key] = None if cell.low < start and end <= cell.high else winners[name]
+    log.debug(
+        "%s: this graph is compiled for %s; ranges outside it are not lowered: %s",
+        site.name,
+        cell,
+        [name for name, key in keys.items() if outside[key] is not None],
+    )
+    return outside
 
 
 def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
