@@ -2,8 +2,9 @@
 
 Before a site's choices are traced, :func:`prepare_site` describes the call
 (:class:`CallSite`: its group, settings, timing mode, choices and their code, inputs,
-neighbours and key); :func:`settled_range` finds the ranges of a dynamic op that an
-earlier site of the graph settled (nothing is traced for them), and
+neighbours and key); :func:`range_outside_this_graph` finds the ranges of a dynamic op
+that lie outside the sizes a range graph is compiled for, and :func:`settled_range`
+those that an earlier site of the graph settled (nothing is traced for either), and
 :func:`decided_before_tracing` reads whether the group decided the site's key already (a
 read of the Store, no waiting), or whether a range of a dynamic op takes the winner of
 its neighbouring sizes: then only the winner is traced. After, :func:`decide_site` takes
