@@ -32,6 +32,7 @@ import functools
 import importlib
 import inspect
 import itertools
+import math
 import os
 import sys
 import tempfile
@@ -892,6 +893,71 @@ def break_range_impl_groups() -> contextlib.AbstractContextManager[Any]:
         RangeImplGroup,
         impl_func=property(bound),
         impl_kwargs=property(lambda group: {}),
+    )
+
+
+def check_range_names() -> None:
+    """The range-based lowering tunes each range under the name
+    ``{name}_range_{start}_{end}`` (``inf`` for the last): dispatch.is_range,
+    range_bounds and ladder_of find a range, its sizes and its ladder by that name."""
+    from torch._inductor.kernel import custom_op
+    from torch._inductor.kernel.collective.dispatch import (
+        is_range,
+        range_bounds,
+        range_name,
+    )
+
+    def impl(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    names: list[str] = []
+    winner = types.SimpleNamespace(
+        name="impl", decomposition=impl, decomposition_kwargs={}, config_patches={}
+    )
+
+    def autotune(*args: Any, name: str, **kwargs: Any) -> Any:
+        names.append(name)
+        return None, winner
+
+    ranges = [(1, 4), (5, math.inf)]
+    with (
+        mock.patch.object(custom_op, "autotune_custom_op", autotune),
+        # One winner for every range: inlined, which is all the check skips.
+        mock.patch.object(custom_op, "_lower_single_impl", lambda *a, **k: None),
+    ):
+        custom_op._range_based_lowering_fn(
+            processed_configs=[custom_op.CustomOpConfig(impl)],
+            default_impl=impl,
+            name="op",
+            op_overload=None,
+            input_gen_fns=None,
+            tensor_name="x",
+            dim_index=0,
+            ranges=ranges,
+            tensor_inputs=[],
+            runtime_kwargs={},
+            range_upper_bound=64,
+        )
+    if names != [range_name("op", start, end) for start, end in ranges]:
+        raise ContractBroken(f"ranges (1, 4] and (5, inf) were tuned as {names}")
+    if not all(is_range(n) for n in names) or [range_bounds(n) for n in names] != [
+        (1, 4),
+        (5, math.inf),
+    ]:
+        raise ContractBroken(f"the range names {names} do not give back their sizes")
+
+
+def break_range_names() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel import custom_op
+
+    original = custom_op._range_based_lowering_fn
+
+    # Each range's name made of another name than the op's.
+    def _range_based_lowering_fn(*args: Any, name: str, **kwargs: Any) -> Any:
+        return original(*args, name=f"{name}_ranges", **kwargs)
+
+    return mock.patch.object(
+        custom_op, "_range_based_lowering_fn", _range_based_lowering_fn
     )
 
 
@@ -1865,6 +1931,12 @@ CONTRACTS: list[Contract] = [
             "range_upper_bound",
         ),
         break_range_based_lowering,
+    ),
+    Contract(
+        "the range-based lowering tunes each range as {name}_range_{start}_{end}",
+        "collective/dispatch.py (is_range, range_bounds, ladder_of)",
+        check_range_names,
+        break_range_names,
     ),
     Contract(
         "RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges",
