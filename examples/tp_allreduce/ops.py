@@ -12,6 +12,7 @@ pick it: by message size, from thresholds written in by hand (vLLM's, below).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 
@@ -77,15 +78,34 @@ _symm_buffers: dict[tuple, list[torch.Tensor]] = {}
 
 def _symm_buffer(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """A view like ``x`` of the group's symmetric buffer for ``x``'s dtype and device."""
-    from torch.distributed import _symmetric_memory as symm_mem
-
     buffers = _symm_buffers.setdefault((x.dtype, x.device, group_name), [])
     if not buffers or buffers[-1].numel() < x.numel():
         capacity = max(x.numel(), 2 * buffers[-1].numel() if buffers else 0)
-        buf = symm_mem.empty(capacity, dtype=x.dtype, device=x.device)
-        symm_mem.rendezvous(buf, group_name)
-        buffers.append(buf)
+        # A buffer is made when a compiled graph first runs a larger message, which under
+        # CUDA graphs is a graph's warm-up: there CUDA-graph trees send every allocation
+        # of the calling thread to the graphs' memory pool. The rendezvous allocates its
+        # peer tables from the caching allocator and keeps them, so in the pool they
+        # would be live blocks no graph made, and the next graph's warm-up would fail
+        # ("tensor(s) in the cudagraph pool not tracked as outputs"). A thread of its own
+        # allocates from the device's own pool.
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            buffers.append(
+                thread.submit(
+                    _new_symm_buffer, capacity, x.dtype, x.device, group_name
+                ).result()
+            )
     return buffers[-1][: x.numel()].view_as(x)
+
+
+def _new_symm_buffer(
+    numel: int, dtype: torch.dtype, device: torch.device, group_name: str
+) -> torch.Tensor:
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    torch.cuda.set_device(device)
+    buf = symm_mem.empty(numel, dtype=dtype, device=device)
+    symm_mem.rendezvous(buf, group_name)
+    return buf
 
 
 @torch.library.custom_op("tp_demo::symm_mem_one_shot_all_reduce", mutates_args=())

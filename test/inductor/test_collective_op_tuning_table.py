@@ -9,6 +9,7 @@ all-reduce does on both sides of each limit, running the implementation it picke
 
 from __future__ import annotations
 
+import unittest
 from unittest import mock
 
 import torch
@@ -157,7 +158,51 @@ class TestTableOp(TestCase):
             ), picks
 
 
+def symm_buffers_under_cudagraphs_body(r: Rank) -> list[int]:
+    """The symmetric-memory ops written into a model compiled with CUDA graphs, whose
+    buffer is made, then outgrown, in the graphs' warm-ups; after each, another model's
+    warm-up checks the graphs' pool (Inductor's ``slow_path_cudagraph_asserts``, on by
+    default). The sum at each size, and the buffers' sizes."""
+    group_name = r.group.group_name
+
+    def symmetric(x: torch.Tensor) -> torch.Tensor:
+        x = tp_ops.symm_mem_one_shot(x * 2, group_name)
+        return tp_ops.symm_mem_two_shot(x, group_name) + 1
+
+    def other(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * 3) + 1
+
+    compiled = torch.compile(symmetric, mode="reduce-overhead", dynamic=False)
+    others = torch.compile(other, mode="reduce-overhead", dynamic=False)
+    for rows in (4, 64):
+        x = torch.full((rows, 256), 1.0 + r.rank, device=r.device)
+        for _ in range(3):  # warm-up, record, replay
+            out = compiled(x).clone()
+            others(x)
+        total = sum(1.0 + rank for rank in range(r.world_size))
+        torch.testing.assert_close(
+            out, torch.full_like(x, 2 * total * r.world_size + 1)
+        )
+    return [
+        b.numel() for b in tp_ops._symm_buffers[(torch.float32, r.device, group_name)]
+    ]
+
+
+class TestSymmetricBuffers(TestCase):
+    @parametrize("world_size", [1, 2])
+    @unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
+    def test_a_buffer_made_in_a_cudagraph_warm_up_stays_out_of_the_graphs_pool(
+        self, world_size
+    ):
+        per_rank = assert_all_ok(
+            run_ranks(world_size, symm_buffers_under_cudagraphs_body, device="cuda")
+        )
+        # Made at the first size, grown (doubled at least) at the second.
+        assert all(sizes == [4 * 256, 64 * 256] for sizes in per_rank), per_rank
+
+
 instantiate_parametrized_tests(TestTableOp)
+instantiate_parametrized_tests(TestSymmetricBuffers)
 
 
 if __name__ == "__main__":
