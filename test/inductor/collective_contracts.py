@@ -1276,6 +1276,74 @@ def break_fallback_handler() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(lowering, "fallback_handler", fallback_handler)
 
 
+def _opaque_probe() -> Any:
+    """A custom op Inductor has no lowering for (its eager kernel: a copy)."""
+
+    @torch.library.custom_op("collective_contract::opaque_probe", mutates_args=())
+    def opaque_probe(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @opaque_probe.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return torch.ops.collective_contract.opaque_probe.default
+
+
+def check_custom_ops_fall_back() -> None:
+    """Inductor lowers a custom op it has no lowering for as a call of the op: absent
+    from ``lowering.lowerings`` until then, in ``lowering.fallbacks`` after; its own
+    pointwise ops are lowerings, not fallbacks. only_calls_opaque_ops reads both."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config, lowering
+    from torch._inductor.kernel.collective.choice_modules import only_calls_opaque_ops
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    op = (
+        torch.ops.collective_contract.opaque_probe.default
+        if hasattr(torch.ops.collective_contract, "opaque_probe")
+        else _opaque_probe()
+    )
+    relu = torch.ops.aten.relu.default
+    x = torch.randn(6, 3)
+    traced = make_fx(op, tracing_mode="fake")(x)
+    if op in lowering.lowerings or not only_calls_opaque_ops(traced):
+        raise ContractBroken("a custom op has a lowering before Inductor met it")
+    torch._dynamo.reset()
+    try:
+        with (
+            config.patch(fx_graph_cache=False),
+            functorch_config.patch(enable_autograd_cache=False),
+        ):
+            out = torch.compile(lambda t: op(t.relu()) + 1, fullgraph=True)(x)
+        if not torch.allclose(out, x.relu() + 1):
+            raise ContractBroken("the custom op's fallback does not compute the op")
+        if op not in lowering.fallbacks or not only_calls_opaque_ops(traced):
+            raise ContractBroken(
+                "Inductor lowered a custom op it has no lowering for, not as a "
+                "fallback in lowering.fallbacks"
+            )
+        if relu not in lowering.lowerings or relu in lowering.fallbacks:
+            raise ContractBroken("aten.relu is no lowering of Inductor's own")
+    finally:
+        # Unmet again, for the next check.
+        lowering.lowerings.pop(op, None)
+        lowering.fallbacks.discard(op)
+        torch._dynamo.reset()
+
+
+def break_custom_ops_fall_back() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import lowering
+
+    original = lowering.fallback_handler
+
+    # A custom op lowered as a call without being noted among the fallbacks.
+    def fallback_handler(kernel: Any, add_to_fallback_set: bool = True) -> Any:
+        return original(kernel, add_to_fallback_set=False)
+
+    return mock.patch.object(lowering, "fallback_handler", fallback_handler)
+
+
 def check_traced_with_decompositions() -> None:
     """make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")
     traces Inductor's decompositions (hardswish to pointwise ops), at symbolic sizes."""
@@ -1974,6 +2042,12 @@ CONTRACTS: list[Contract] = [
         "dispatch.lowered_once",
         check_fallback_handler,
         break_fallback_handler,
+    ),
+    Contract(
+        "a custom op without a lowering is lowered as a fallback (lowerings, fallbacks)",
+        "choice_modules.only_calls_opaque_ops",
+        check_custom_ops_fall_back,
+        break_custom_ops_fall_back,
     ),
     Contract(
         "config.triton.autotune_pointwise=False leaves a pointwise kernel one config",

@@ -14,6 +14,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from torch._inductor.kernel.collective.choice_modules import only_calls_opaque_ops
 from torch._inductor.kernel.collective.choices import code_identity, unwaited_collective
 from torch._inductor.kernel.collective.dispatch import (
     _bisection_order,
@@ -314,6 +315,31 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
             in unwaited_collective(make_fx(early, tracing_mode="fake")(x))
         )
         assert unwaited_collective(make_fx(waited, tracing_mode="fake")(x)) == ""
+
+    def test_only_a_graph_of_ops_inductor_calls_as_they_are_is_timed_uncompiled(self):
+        import collective_ops as ops
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        fc = torch.ops._c10d_functional
+
+        def traced(fn):
+            return make_fx(fn, tracing_mode="fake")(torch.randn(4, 2))
+
+        # An opaque op, alone or twice (nothing between them to fuse).
+        assert only_calls_opaque_ops(traced(lambda x: ops.opaque_all_reduce(x, "0")))
+        assert only_calls_opaque_ops(
+            traced(lambda x: ops.opaque_all_reduce(ops.scale(x), "0"))
+        )
+        # Inductor lowers functional collectives (the input's copy fuses with its
+        # producer), pointwise ops, and an opaque op beside either.
+        assert not only_calls_opaque_ops(
+            traced(lambda x: fc.wait_tensor(fc.all_reduce(x, "sum", "0")))
+        )
+        assert not only_calls_opaque_ops(
+            traced(lambda x: ops.opaque_all_reduce(x, "0") + 1)
+        )
+        # Nothing called: nothing to time as called.
+        assert not only_calls_opaque_ops(traced(lambda x: x))
 
     def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(
         self,

@@ -13,7 +13,8 @@ So a call site whose first input is computed by a pointwise op, or whose result 
 one, is timed with a stand-in of each: every choice runs as
 ``consumer(choice(producer(x), ...))``, compiled together where the choice is a
 subgraph (Inductor fuses them as it will in the model), eagerly around the op's own
-implementation (as the model runs an opaque op). The stand-in is a negation, which
+implementation, and in graph mode around a subgraph that only calls opaque ops (as
+the model runs an opaque op). The stand-in is a negation, which
 costs what a pointwise neighbour costs and keeps a linear collective's result (the
 correctness screen compares the choices' outputs as they are). What a site is fused
 with is part of its key. The ranges of a dynamic op (kernel/collective/dispatch.py) are
@@ -117,16 +118,43 @@ class EagerModule:
 
 
 def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
-    """A subgraph ``choice`` for the benchmark on a CPU: its traced graph, run eagerly
-    with ``neighbours``' stand-ins around it.
+    """A subgraph ``choice`` for the benchmark, its traced graph run eagerly with
+    ``neighbours``' stand-ins around it: on a CPU, and in graph mode wherever the graph
+    :func:`only_calls_opaque_ops` (collective/timing.py says why not in the default
+    mode).
 
     A gloo collective takes tens of microseconds to milliseconds, and what Inductor's
     C++ kernels would save of the pointwise work around it is far less; compiling each
     choice with them took 1.5-3.7 s on a 2-core machine, several times the model's own
     compile. So on CPUs the choices are only lowered (a choice that cannot be compiled
     is dropped now, not found when the winner is inlined) and timed as traced: no C++
-    is built for them."""
+    is built for them. An opaque op (a symmetric-memory kernel that owns its buffer,
+    say) is called as it is in the model too, where nothing fuses with it: its
+    neighbours are kernels of their own there as here, and compiling it bought nothing
+    but the compile (serving_step's first tuned compile in graph mode, two such choices
+    of four, on one H200 with cold caches: 1.74-1.86 s against 1.89-1.97 s)."""
     return EagerModule(neighbours.around(choice.gm), len(choice.sym_input_values))
+
+
+def only_calls_opaque_ops(gm: torch.fx.GraphModule) -> bool:
+    """Whether Inductor would call every op of traced graph ``gm`` as it is: custom ops
+    it has no lowering of its own for (it makes them fallbacks when it first lowers
+    them), or ops it falls back on. Nothing of such a graph is generated as a kernel,
+    and nothing fuses with it."""
+    import operator
+
+    from torch._inductor.lowering import fallbacks, lowerings
+
+    calls = [
+        node.target
+        for node in gm.graph.nodes
+        if node.op == "call_function" and node.target is not operator.getitem
+    ]
+    return bool(calls) and all(
+        isinstance(op, torch._ops.OpOverload)
+        and (op not in lowerings or op in fallbacks)
+        for op in calls
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -580,7 +580,13 @@ class _SiteWork:
         chosen = {
             label: self.by_label[label] for label in labels if label in self.by_label
         }
-        failures = build(self.site.name, chosen, self.site.device, self.site.neighbours)
+        failures = build(
+            self.site.name,
+            chosen,
+            self.site.device,
+            self.site.neighbours,
+            self.site.mode,
+        )
         self.build_s += time.monotonic() - begin
         return failures
 

@@ -26,6 +26,7 @@ from torch._inductor.kernel.collective.choice_modules import (
     LOWER,
     module_for_benchmark,
     Neighbours,
+    only_calls_opaque_ops,
     START,
 )
 from torch._inductor.kernel.collective.choices import (
@@ -106,9 +107,11 @@ def build(
     choices: dict[str, ChoiceCaller],
     device: torch.device,
     neighbours: Neighbours,
+    mode: str,
 ) -> dict[str, str]:
-    """Compile ``choices`` (by label) of op ``name`` for benchmarking, with
-    ``neighbours`` fused in; why each one that cannot run here fails ("" if it can).
+    """Compile ``choices`` (by label) of op ``name`` for benchmarking in timing
+    ``mode``, with ``neighbours`` fused in; why each one that cannot run here fails (""
+    if it can).
 
     In two passes: every choice is lowered and its code generated first, so that the
     kernels of all of them compile together in Inductor's worker pool; then each module
@@ -118,7 +121,7 @@ def build(
     failures: dict[str, str] = {}
     for label, choice in choices.items():
         try:
-            finishes[label] = _start(name, choice, device, neighbours)
+            finishes[label] = _start(name, choice, device, neighbours, mode)
         except Exception as e:  # the group drops it, saying why
             log.debug("choice %s of %s did not build", label, name, exc_info=True)
             failures[label] = _failure(choice, e)
@@ -132,9 +135,23 @@ def build(
 
 
 def _start(
-    name: str, choice: ChoiceCaller, device: torch.device, neighbours: Neighbours
+    name: str,
+    choice: ChoiceCaller,
+    device: torch.device,
+    neighbours: Neighbours,
+    mode: str,
 ) -> Callable[[], None]:
-    """Start building ``choice``; the function that finishes it (its module loaded)."""
+    """Start building ``choice``; the function that finishes it (its module loaded).
+
+    In graph mode a choice that only calls opaque ops is timed uncompiled (see
+    eager_module), counted in
+    ``counters["inductor"]["collective_autotune_opaque_choices"]``: a CUDA graph's
+    replay costs what its kernels cost on the device, where the neighbours' stand-ins
+    cost alike eager or compiled. In the default mode the host launches each kernel,
+    and eager stand-ins launch cheaper than Triton kernels: timed so, a host-bound step's
+    pick once moved to a choice 38% slower in the model."""
+    from torch._dynamo.utils import counters
+
     if needs_symmetric_memory(choice) and device.type != "cuda":
         raise RuntimeError("uses symmetric memory, which needs CUDA")
     if getattr(choice, "gm", None) is None or not hasattr(
@@ -147,7 +164,11 @@ def _start(
     compile_choice = (
         dispatch.benchmark_module if dispatch.is_range(name) else module_for_benchmark
     )
-    if device.type != "cuda":  # lowered, and timed as traced (see eager_module)
+    opaque = mode == "graph" and only_calls_opaque_ops(choice.gm)
+    if opaque:
+        counters["inductor"]["collective_autotune_opaque_choices"] += 1
+    if device.type != "cuda" or opaque:
+        # Lowered, and timed as traced (see eager_module).
         compile_choice(choice, neighbours, LOWER)
         module = eager_module(choice, neighbours)
         choice._compiled_module = module  # type: ignore[attr-defined]
