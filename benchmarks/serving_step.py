@@ -242,6 +242,8 @@ class Variant:
     cudagraph_skips: int = 0
     compile_s: float = 0.0
     compile_phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    # With --profile-compiles: the first compile under cProfile (see profiled).
+    compile_profile: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Dynamic variants, each call of the warm-up in order: its size, the graphs it
     # compiled (a range graph of its own) and what it took (seconds, slowest rank).
     first_calls: list[FirstCall] = dataclasses.field(default_factory=list)
@@ -325,8 +327,12 @@ def compile_variant(
             first = model_input(
                 bench, compile_tokens if dynamic else tokens, device, dynamic
             )
-            with compile_phases(variant.compile_phases):
+            with (
+                compile_phases(variant.compile_phases),
+                profiled(PROFILE_COMPILES) as profile,
+            ):
                 variant.compile_s += first_call_s(model, first)
+            variant.compile_profile = variant.compile_profile or profile
         x = model_input(bench, tokens, device, dynamic)
         if dynamic:
             # The warm-up visits every size: a size of a range not compiled yet compiles
@@ -352,14 +358,16 @@ def compile_variant(
     return variant
 
 
-# --profile-compiles: each first call of the dynamic model's warm-up runs under cProfile.
+# --profile-compiles: each variant's first compile and each first call of the dynamic
+# model's warm-up run under cProfile.
 PROFILE_COMPILES = False
 
 
 @contextlib.contextmanager
 def profiled(enabled: bool) -> Iterator[dict[str, Any]]:
     """cProfile around the block, where ``enabled``: collective autotuning's functions by
-    cumulative seconds and the 15 functions of most own seconds, into the dict yielded."""
+    cumulative seconds, the 60 functions of most cumulative seconds (to place ours among
+    Inductor's phases) and the 15 of most own seconds, into the dict yielded."""
     import cProfile
     import pstats
 
@@ -383,6 +391,9 @@ def profiled(enabled: bool) -> Iterator[dict[str, Any]]:
         ours = [r for r in rows if "collective" in r[0] and r[3] >= 0.005]
         result["collective_cumulative_s"] = {
             r[0]: [r[1], round(r[3], 3)] for r in sorted(ours, key=lambda r: -r[3])[:40]
+        }
+        result["cumulative_s"] = {
+            r[0]: [r[1], round(r[3], 3)] for r in sorted(rows, key=lambda r: -r[3])[:60]
         }
         result["own_s"] = {
             r[0]: [r[1], round(r[2], 3)] for r in sorted(rows, key=lambda r: -r[2])[:15]
@@ -723,6 +734,17 @@ def run_mode(
                 "dynamic_tuned_again": again.compile_phases,
                 "dynamic_untuned": untuned.compile_phases,
             },
+            **(
+                {
+                    "compile_profiles": {
+                        "dynamic_tuned": variants["dynamic"].compile_profile,
+                        "dynamic_tuned_again": again.compile_profile,
+                        "dynamic_untuned": untuned.compile_profile,
+                    }
+                }
+                if PROFILE_COMPILES
+                else {}
+            ),
             "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
             "extra_compile_again_s": again.compile_s - untuned.compile_s,
             **({"kernels": breakdown} if breakdown else {}),
