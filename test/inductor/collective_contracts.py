@@ -1044,23 +1044,32 @@ _PROBE_LOWERINGS: list[Callable[[Any], Any]] = []
 
 
 @functools.cache
+def _copy_op(name: str) -> Any:
+    """Custom op ``collective_contract::{name}``: its eager kernel a copy."""
+
+    @torch.library.custom_op(f"collective_contract::{name}", mutates_args=())
+    def copy(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @copy.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return copy
+
+
+@functools.cache
 def _lowering_probe() -> Any:
     """A custom op (its eager kernel: a copy) lowered by _PROBE_LOWERINGS' last."""
     from torch._inductor import lowering
 
-    @torch.library.custom_op("collective_contract::lowering_probe", mutates_args=())
-    def lowering_probe(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @lowering_probe.register_fake
-    def _(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(x)
+    probe = _copy_op("lowering_probe")
 
     @lowering.register_lowering(torch.ops.collective_contract.lowering_probe.default)
     def _lower(x: Any) -> Any:
         return _PROBE_LOWERINGS[-1](x)
 
-    return lowering_probe
+    return probe
 
 
 def _lowered_through(lower: Callable[[Any], Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1276,20 +1285,6 @@ def break_fallback_handler() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(lowering, "fallback_handler", fallback_handler)
 
 
-def _opaque_probe() -> Any:
-    """A custom op Inductor has no lowering for (its eager kernel: a copy)."""
-
-    @torch.library.custom_op("collective_contract::opaque_probe", mutates_args=())
-    def opaque_probe(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    @opaque_probe.register_fake
-    def _(x: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(x)
-
-    return torch.ops.collective_contract.opaque_probe.default
-
-
 def check_custom_ops_fall_back() -> None:
     """Inductor lowers a custom op it has no lowering for as a call of the op: absent
     from ``lowering.lowerings`` until then, in ``lowering.fallbacks`` after; its own
@@ -1299,11 +1294,8 @@ def check_custom_ops_fall_back() -> None:
     from torch._inductor.kernel.collective.choice_modules import only_calls_opaque_ops
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    op = (
-        torch.ops.collective_contract.opaque_probe.default
-        if hasattr(torch.ops.collective_contract, "opaque_probe")
-        else _opaque_probe()
-    )
+    _copy_op("opaque_probe")  # a custom op Inductor has no lowering for
+    op = torch.ops.collective_contract.opaque_probe.default
     relu = torch.ops.aten.relu.default
     x = torch.randn(6, 3)
     traced = make_fx(op, tracing_mode="fake")(x)
