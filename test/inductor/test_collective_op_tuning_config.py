@@ -69,15 +69,20 @@ def switched_off_body(r: Rank) -> dict:
 
     register_two_choices()
     store = dist.distributed_c10d._get_default_store()
+    # Barriers around both counts: no peer is still starting, or already leaving (the
+    # harness's own "harness/done" key), while a rank counts.
+    dist.barrier()
     keys = store.num_keys()
     records = compile_and_check(
         lambda x: ops.all_reduce(x, r.group.group_name),
         torch.randn(8, 8, device=r.device),
     )
     dist.barrier()
+    new_keys = store.num_keys() - keys
+    dist.barrier()
     return {
         "records": records,
-        "new_keys": store.num_keys() - keys,
+        "new_keys": new_keys,
         "participant": collective_protocol._participant is not None,
         "threads": [t.name for t in threading.enumerate() if "collective" in t.name],
     }
