@@ -73,6 +73,7 @@ import dataclasses
 import faulthandler
 import gc
 import math
+import os
 import statistics
 import time
 from typing import Any
@@ -830,9 +831,42 @@ def range_of(ladder: list[tuple[str, str, str]], tokens: int) -> str:
     return "?"
 
 
+def physical_cores() -> list[list[int]]:
+    """The host's logical CPUs grouped by physical core (SMT siblings together), in
+    order of each core's first CPU; this process's allowed CPUs only."""
+    cores: dict[str, list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+        try:
+            with open(path) as f:
+                siblings = f.read().strip()
+        except OSError:  # no topology: every CPU a core of its own
+            siblings = str(cpu)
+        cores.setdefault(siblings, []).append(cpu)
+    return list(cores.values())
+
+
+def pin_to_own_cores(rank: int, world: int) -> list[int]:
+    """Keep this rank's Python thread (and the threads it starts) on physical cores no
+    other rank's is allowed on: an eager step is host-bound at small sizes, and two
+    ranks' threads on SMT siblings of one core each run slower (the ranks of one step
+    wait for the slowest). Returns the CPUs kept."""
+    cores = physical_cores()
+    if len(cores) < world:
+        return sorted(os.sched_getaffinity(0))
+    cpus = sorted(cpu for core in cores[rank::world] for cpu in core)
+    os.sched_setaffinity(0, cpus)
+    return cpus
+
+
 def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     device = init_process_group(args.device)
+    pinned = (
+        pin_to_own_cores(dist.get_rank(), dist.get_world_size())
+        if args.pin_cores
+        else []
+    )
     bench = BENCHES[args.device]
     if args.tokens:
         bench = dataclasses.replace(
@@ -864,6 +898,8 @@ def run(args: argparse.Namespace) -> None:
         "compile_tokens": COMPILE_TOKENS,
         "collective_autotune_dynamic_max": bench.dynamic_max,
         "pointwise_autotune": args.pointwise_autotune,
+        # Rank 0's CPUs where --pin-cores kept each rank on cores of its own.
+        "pinned_cpus": pinned,
         "modes": {
             mode: run_mode(bench, mode, args.layers, device, rank0, args.kernels)
             for mode in bench.modes
@@ -1016,6 +1052,13 @@ def main() -> None:
         help="Inductor's timing of each pointwise kernel's launch configurations at "
         "its first launch, on each rank alone (on: the default, as users run it; off: "
         "every rank and variant keeps the same configuration)",
+    )
+    parser.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="keep each rank's thread on physical cores of its own (SMT siblings "
+        "included): two ranks' host-bound eager steps on one core's siblings slow each "
+        "other; off (the default), the OS places them, as users run",
     )
     parser.add_argument(
         "--profile-compiles",
