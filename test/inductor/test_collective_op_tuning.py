@@ -55,11 +55,6 @@ def check_agreement(results, n_ops: int, world_size: int) -> list:
         assert all(
             0 < t.low_us <= t.max_us <= t.high_us < math.inf for t in record.timings
         ), record
-        # Every pair compared round by round, on the rank where the ratio is lowest.
-        for t in record.timings:
-            ratios = dict(t.round_ratio_low)
-            assert set(ratios) == {o.name for o in record.timings} - {t.name}, record
-            assert all(0 < r < math.inf for r in ratios.values()), record
         best = min(record.timings, key=lambda t: t.max_us)
         assert record.winner == best.name, record
     return per_rank[0]

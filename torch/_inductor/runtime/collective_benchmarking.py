@@ -391,14 +391,6 @@ class ChoiceTiming:
     # host-paced samples were taken, on the most contended rank (HostContention; 0 for
     # CUDA-graph replays, which the host does not pace).
     contention: float = 0.0
-    # Per other choice timed in the same rounds: the lower quartile, over those rounds,
-    # of this choice's sample over the other's, on the rank where it is lowest (0 where
-    # they shared fewer than the first comparison's rounds). Rounds interleave the
-    # choices, so a drift of the host or the device between rounds scales both sides of
-    # a round's ratio alike and leaves it out: on 2 H200s the eager model's step flipped
-    # between states 1.5x apart from round to round, which spreads every choice's
-    # quartiles over both.
-    round_ratio_low: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         # (A status given by its value, "ok" say, becomes the enum member.)
@@ -409,11 +401,8 @@ class ChoiceTiming:
 
     def clearly_faster_than(self, other: ChoiceTiming) -> bool:
         """Whether this choice beat ``other`` by more than the samples' spread: the
-        benchmark's own test for dropping ``other`` (see :func:`clearly_slower`), on
-        all samples or round by round (``round_ratio_low``)."""
-        return clearly_slower(other.low_us, self.high_us) or clearly_slower(
-            dict(other.round_ratio_low).get(self.name, 0.0), 1.0
-        )
+        benchmark's own test for dropping ``other`` (see :func:`clearly_slower`)."""
+        return clearly_slower(other.low_us, self.high_us)
 
 
 class Verdict(enum.IntEnum):
@@ -815,15 +804,9 @@ class CollectiveBenchmarker:
         medians = [q[1] for q in quartiles]
         skew = [statistics.median(s) if s else 0.0 for s in skews]
         n = len(candidates)
-        ratios = [
-            _round_ratio_low(samples[i], samples[j], self._min_rounds)
-            for i in range(n)
-            for j in range(n)
-        ]
         # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank,
-        # the spread of the rendezvous' duration, the quartiles on the slowest rank, how
-        # contended the most contended rank's host was while each choice was timed, and
-        # every pair's round-by-round ratio on the rank where it is lowest.
+        # the spread of the rendezvous' duration, the quartiles on the slowest rank, and
+        # how contended the most contended rank's host was while each choice was timed.
         reduced = self._all_reduce_max(
             medians
             + [-t for t in medians]
@@ -832,7 +815,6 @@ class CollectiveBenchmarker:
             + [q[0] for q in quartiles]
             + [q[2] for q in quartiles]
             + contention
-            + [-r for r in ratios]
         )
         return [
             ChoiceTiming(
@@ -847,11 +829,6 @@ class CollectiveBenchmarker:
                 low_us=reduced[4 * n + i],
                 high_us=reduced[5 * n + i],
                 contention=reduced[6 * n + i],
-                round_ratio_low=tuple(
-                    (other.name, -reduced[7 * n + i * n + j])
-                    for j, other in enumerate(candidates)
-                    if j != i
-                ),
             )
             for i, c in enumerate(candidates)
         ]
@@ -1199,18 +1176,6 @@ def _calls(sample_us: float, per_call_us: float, fewest: int) -> int:
     if not (math.isfinite(per_call_us) and per_call_us > 0):
         return fewest
     return max(fewest, min(_MAX_CALLS_PER_SAMPLE, math.ceil(sample_us / per_call_us)))
-
-
-def _round_ratio_low(samples: list[float], others: list[float], fewest: int) -> float:
-    """The lower quartile of ``samples[k] / others[k]`` over the rounds both were
-    sampled in (every live choice is sampled in every round, from the first: the common
-    prefix), or 0 where there are fewer than ``fewest``: no evidence either way."""
-    ratios = [
-        a / b
-        for a, b in zip(samples, others)
-        if b > 0 and math.isfinite(a) and math.isfinite(b)
-    ]
-    return _quartiles(ratios)[0] if len(ratios) >= fewest else 0.0
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from torch._inductor.runtime.collective_benchmarking import (
     ChoiceStatus,
     ChoiceTiming,
+    clearly_slower,
 )
 
 # Above this many seconds per second that the timing thread of some rank spent runnable
@@ -102,12 +103,12 @@ def judge(timings: Sequence[ChoiceTiming], winner: str, host_paced: bool) -> Con
             f"waited for a CPU {1000 * contention:.0f} ms a second, over "
             f"{1000 * CONTENTION_LIMIT:.0f})"
         )
-    elif not best.clearly_faster_than(runner_up):
+    elif not clearly_slower(runner_up.low_us, best.high_us):
         # Timing a near tie again would cost every restart a benchmark and could flip
         # between two equally fast choices, whose numerics may differ: kept.
         reason = (
             f"{winner} and {runner_up.name} are a near tie on a quiet host "
-            "(quartiles overlap, round by round too)"
+            "(quartiles overlap)"
         )
     else:
         reason = f"{winner} is clearly ahead on a quiet host"
