@@ -62,7 +62,9 @@ model's kernels cost, and a rank's wait for its peer from its own work.
 ``--pointwise-autotune off`` gives every Triton kernel the first configuration of its
 heuristics on every rank (Inductor otherwise times them on each rank alone, and ranks can
 keep configurations 50% apart); ``--profile-compiles`` runs the warm-up's first calls
-under cProfile.
+under cProfile. ``--pin-cores`` keeps each rank's thread on cores no other rank's may use
+(eager steps on 2 H200s otherwise flipped between host states 1.5x apart from round to
+round).
 """
 
 from __future__ import annotations
