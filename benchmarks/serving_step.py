@@ -850,9 +850,10 @@ def physical_cores() -> list[list[int]]:
 
 def pin_to_own_cores(rank: int, world: int) -> list[int]:
     """Keep this rank's Python thread (and the threads it starts) on physical cores no
-    other rank's is allowed on: an eager step is host-bound at small sizes, and two
-    ranks' threads on SMT siblings of one core each run slower (the ranks of one step
-    wait for the slowest). Returns the CPUs kept."""
+    other rank's is allowed on. An eager step is host-bound at small sizes and runs at
+    its slowest rank's pace: on 2 H200s, unpinned, it flipped between host states 1.5x
+    apart from round to round; pinned, it held within a few percent (why the OS's
+    placement costs that is not known). Returns the CPUs kept."""
     cores = physical_cores()
     if len(cores) < world:
         return sorted(os.sched_getaffinity(0))
@@ -1059,8 +1060,8 @@ def main() -> None:
         "--pin-cores",
         action="store_true",
         help="keep each rank's thread on physical cores of its own (SMT siblings "
-        "included): two ranks' host-bound eager steps on one core's siblings slow each "
-        "other; off (the default), the OS places them, as users run",
+        "included), which steadies host-bound eager steps; off (the default), the OS "
+        "places them, as users run",
     )
     parser.add_argument(
         "--profile-compiles",
