@@ -29,6 +29,9 @@ from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
 )
 from torch._inductor.runtime.collective_benchmarking import (
+    _EAGER_LEAD_IN_US,
+    _lead_in_calls,
+    _MAX_CALLS_PER_SAMPLE,
     _status,
     BenchmarkSettings,
     ChoiceStatus,
@@ -216,6 +219,16 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
             candidates=candidates,
         )
         assert live == [0, 1, 3] and settled  # "close" within 2% of the leader
+
+    def test_an_eager_sample_leads_in_for_a_fixed_time_not_a_fixed_count(self):
+        # About _EAGER_LEAD_IN_US of untimed calls, whatever a call costs: many short
+        # calls, a few long ones, none for a call longer than the lead-in; and never
+        # more than a sample's most calls, nor any for a choice that was not timed.
+        assert _lead_in_calls(_EAGER_LEAD_IN_US / 10) == 10
+        assert _lead_in_calls(_EAGER_LEAD_IN_US / 2.5) == 2
+        assert _lead_in_calls(_EAGER_LEAD_IN_US * 1.5) == 0
+        assert _lead_in_calls(1e-6) == _MAX_CALLS_PER_SAMPLE
+        assert _lead_in_calls(math.inf) == 0 and _lead_in_calls(0.0) == 0
 
     def test_a_screen_status_reads_the_same_from_every_ranks_verdicts(self):
         ok, wrong = (

@@ -144,6 +144,15 @@ TIE_FRACTION = DROP_MARGIN
 # GPU time (us) that the host gets to enqueue a graph round before the GPU reaches it:
 # a few launches and event records per choice.
 _HOST_LEAD_US = 400.0
+# Untimed calls of a host-paced eager sample on a GPU, about this long, between the
+# rendezvous and the timed calls: the first calls after the host waited for an idle
+# device run slower than the steady pace, on the device's side as well as the host's
+# (plain ops on one H200: the first call +45% host-bound, +14% device-bound, +80% after
+# 2 ms idle), which samples of a few calls at the smallest sizes turn into a per-call
+# bias and wide quartiles (the serving model's choices on one rank: 9.0% over the
+# sample's own pace, 4.6% with the lead-in; on 2 H200s the op alone read 90-185 us per
+# call at one token against a steady 61-76 us over samples five times as long).
+_EAGER_LEAD_IN_US = 1000.0
 # Relative tolerance of the correctness screen by dtype; summation order differs
 # between implementations (ring, one-shot, two-shot), and more so at low precision.
 _SCREEN_TOLERANCE = {
@@ -421,12 +430,14 @@ class Verdict(enum.IntEnum):
 
 @dataclasses.dataclass
 class _Batch:
-    """How one choice is timed: ``calls`` calls per sample, by ``run`` (or replays)."""
+    """How one choice is timed: ``calls`` calls per sample, by ``run`` (or replays),
+    after ``lead_in`` untimed ones (eager samples)."""
 
     calls: int
     rendezvous: Callable[[], Any]
     timed: Callable[[], Any]
     graph: bool
+    lead_in: int = 0
 
 
 class CollectiveBenchmarker:
@@ -676,7 +687,13 @@ class CollectiveBenchmarker:
             calls = _calls(self.settings.graph_sample_us, per_call_us, _MIN_GRAPH_CALLS)
             return calls + self._min_rounds * 2 * calls
         calls = _calls(self.settings.sample_us, per_call_us, 1)
-        return 2 * self.settings.warmup + self._min_rounds * (1 + calls)
+        lead_in = self._lead_in(per_call_us)
+        return 2 * self.settings.warmup + self._min_rounds * (1 + lead_in + calls)
+
+    def _lead_in(self, per_call_us: float) -> int:
+        """Untimed calls before each eager sample of a choice of ``per_call_us``; none
+        on the CPU, whose gloo collectives block the host (see :meth:`_time_eager`)."""
+        return _lead_in_calls(per_call_us) if self.device.type == "cuda" else 0
 
     # -- calibrating and sampling -------------------------------------------------
 
@@ -720,7 +737,11 @@ class CollectiveBenchmarker:
         for i in eager:
             run = candidates[i].run
             batches[i] = _Batch(
-                _calls(self.settings.sample_us, slowest[i], 1), run, run, graph=False
+                _calls(self.settings.sample_us, slowest[i], 1),
+                run,
+                run,
+                graph=False,
+                lead_in=self._lead_in(slowest[i]),
             )
         return batches
 
@@ -759,7 +780,7 @@ class CollectiveBenchmarker:
         for batch, t in zip(batches, first_call_us):
             if batch is None or not math.isfinite(t) or t <= 0:
                 continue
-            per_round = t * batch.calls * 2
+            per_round = t * (batch.calls + batch.lead_in) * 2
             rounds = min(rounds, max(self._min_rounds, int(budget_us // per_round)))
         return rounds
 
@@ -853,7 +874,7 @@ class CollectiveBenchmarker:
                 assert b is not None
                 with contention[i]:
                     times[i], skews[i] = self._time_eager(
-                        b.timed, b.calls, "timing", b.rendezvous
+                        b.timed, b.calls, "timing", b.rendezvous, b.lead_in
                     )
         return times, skews
 
@@ -917,28 +938,31 @@ class CollectiveBenchmarker:
         count: int,
         doing: str,
         rendezvous: Callable[[], Any],
+        lead_in: int = 0,
     ) -> tuple[float, float]:
-        """Microseconds per call of ``count`` back-to-back calls of ``fn``, and how long
-        the untimed ``rendezvous`` call waited for the group.
+        """Microseconds per call of ``count`` back-to-back calls of ``fn`` that follow
+        ``lead_in`` untimed ones, and how long the untimed ``rendezvous`` call waited
+        for the group.
 
         A gloo collective blocks the host, so on the CPU the barrier aligns ranks to
         well within a millisecond collective, and no rendezvous is needed.
         """
         self._barrier(doing)
         if self.device.type == "cuda":
-            before, start, end = (
-                torch.cuda.Event(enable_timing=True) for _ in range(3)
+            before, met, start, end = (
+                torch.cuda.Event(enable_timing=True) for _ in range(4)
             )
             before.record()
             rendezvous()
+            met.record()
+            for _ in range(lead_in):
+                fn()
             start.record()
             for _ in range(count):
                 fn()
             end.record()
             self._device_sync(doing, end)
-            return start.elapsed_time(end) * 1e3 / count, before.elapsed_time(
-                start
-            ) * 1e3
+            return start.elapsed_time(end) * 1e3 / count, before.elapsed_time(met) * 1e3
         begin = time.perf_counter()
         for _ in range(count):
             fn()
@@ -1183,6 +1207,14 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
         return (values[0],) * 3 if values else (math.inf,) * 3
     q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, q2, q3
+
+
+def _lead_in_calls(per_call_us: float) -> int:
+    """Untimed calls before each eager sample of a choice of ``per_call_us``: about
+    ``_EAGER_LEAD_IN_US`` of them, none for a call that long."""
+    if not math.isfinite(per_call_us) or per_call_us <= 0:
+        return 0
+    return min(_MAX_CALLS_PER_SAMPLE, int(_EAGER_LEAD_IN_US // per_call_us))
 
 
 def _capture_graph(fn: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
