@@ -147,8 +147,8 @@ _HOST_LEAD_US = 400.0
 # Untimed calls of a host-paced eager sample on a GPU, about this long, between the
 # rendezvous and the timed calls: the first calls after the host waited for an idle
 # device run slower than the steady pace, on the device's side as well as the host's
-# (plain ops on one H200: the first call +45% host-bound, +14% device-bound, +80% after
-# 2 ms idle), which samples of a few calls at the smallest sizes turn into a per-call
+# (plain ops on two H200 hosts: the first call +11-47% host-bound, +32-82% after 2 ms
+# idle, +3-17% device-bound), which samples of a few calls at the smallest sizes turn into a per-call
 # bias and wide quartiles (the serving model's choices on one rank: 9.0% over the
 # sample's own pace, 4.6% with the lead-in; on 2 H200s the op alone read 90-185 us per
 # call at one token against a steady 61-76 us over samples five times as long).
