@@ -6,8 +6,10 @@ every rank decided, where the decision came from, and that ranks agree.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -320,6 +322,32 @@ def split_points_body(r: Rank) -> dict:
 # -- range graphs: one graph per size range, chosen by Dynamo's guards ------------------------
 
 
+class _Messages(logging.Handler):
+    """Keeps the messages of the logger it is added to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def recompile_reasons() -> Any:
+    """The reasons Dynamo gives for each recompile in the block (``TORCH_LOGS=recompiles``),
+    as a user reads them."""
+    handler = _Messages()
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    torch._logging.set_logs(recompiles=True)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        torch._logging.set_logs()
+
+
 def range_graphs_body(
     r: Rank, range_graphs: bool, forbid: str = "", warm_up: bool = False
 ) -> dict:
@@ -347,6 +375,7 @@ def range_graphs_body(
         # A size of 1 is one of the ranges' (else Dynamo compiles a graph of its own
         # for it, as the docs say): with the warm-up only, which visits 1.
         fx_config.patch(backed_size_oblivious=warm_up),
+        recompile_reasons() as reasons,
     ):
         sizes = (
             (8, *warm_up_sizes(), 2, 3, 20, 30, 100, 200, 1)
@@ -359,6 +388,7 @@ def range_graphs_body(
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
             hits = counters["inductor"]["fxgraph_cache_hit"]
             outside = counters["inductor"]["collective_autotune_ranges_outside"]
+            recompiles = len(reasons)
             x = torch.randn(n, 4, device=r.device)
             compiled(
                 x
@@ -386,6 +416,7 @@ def range_graphs_body(
                         "collective_autotune_ranges_outside"
                     ]
                     - outside,
+                    "recompile_reasons": reasons[recompiles:],
                 }
             )
     return calls
@@ -772,6 +803,11 @@ class TestGraphSessions(CollectiveTestCase):
                     call
                 )
             if new and call is not first:
+                # Dynamo's reason for the recompile, as TORCH_LOGS=recompiles shows it,
+                # is the range's guard, placed in collective autotuning's range graphs.
+                assert len(call["recompile_reasons"]) == 1 and (
+                    "kernel/collective/range_graphs.py" in call["recompile_reasons"][0]
+                ), call["recompile_reasons"]
                 # A later range reads the ladder's decisions: nothing benchmarked, no session round.
                 assert {rec.source for rec in call["records"]} <= {"job", "ladder"}, (
                     call["records"]
