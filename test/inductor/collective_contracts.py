@@ -1559,10 +1559,10 @@ def check_dont_skip_tracing() -> None:
 def check_range_graph_tells() -> None:
     """What range graphs read to tell where a range cannot be guarded says so:
     statically_known_leq/gt, free_unbacked_symbols, TracingContext.try_get() (None
-    outside Dynamo), torch.compiler.is_exporting(), the stance set_stance() sets,
-    error_on_recompile and recompile_limit, and GraphLowering's is_backward."""
+    outside Dynamo), torch.compiler.is_exporting(), error_on_recompile and
+    recompile_limit, and GraphLowering's is_backward."""
     import sympy
-    from torch._dynamo import config as dynamo_config, eval_frame
+    from torch._dynamo import config as dynamo_config
     from torch._guards import TracingContext
     from torch._inductor.sizevars import SizeVarAllocator
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, ShapeEnv
@@ -1597,13 +1597,8 @@ def check_range_graph_tells() -> None:
             f"TracingContext.try_get() is {TracingContext.try_get()} "
             f"outside Dynamo, {contexts} inside"
         )
-    with torch.compiler.set_stance("fail_on_recompile"):
-        stance = eval_frame._stance.stance
-    if stance != "fail_on_recompile" or torch.compiler.is_exporting():
-        raise ContractBroken(
-            f"set_stance('fail_on_recompile') reads {stance!r}, "
-            f"is_exporting() {torch.compiler.is_exporting()}"
-        )
+    if torch.compiler.is_exporting():
+        raise ContractBroken("is_exporting() is True outside export")
     with dynamo_config.patch(error_on_recompile=True, recompile_limit=8):
         knobs = (dynamo_config.error_on_recompile, dynamo_config.recompile_limit)
     if knobs != (True, 8):

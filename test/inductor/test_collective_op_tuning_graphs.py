@@ -348,14 +348,38 @@ def recompile_reasons() -> Any:
         torch._logging.set_logs()
 
 
+@contextlib.contextmanager
+def info_messages(name: str) -> Any:
+    """The messages logged at INFO and above by logger ``name`` in the block."""
+    handler = _Messages()
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+# How a test forbids range graphs, besides the knob: Dynamo's options.
+FORBIDDEN = {
+    "error_on_recompile": {"error_on_recompile": True},
+    # Three ranges: more than half of a limit of four.
+    "recompile_limit": {"recompile_limit": 4},
+}
+
+
 def range_graphs_body(
     r: Rank, range_graphs: bool, forbid: str = "", warm_up: bool = False
 ) -> dict:
     """Four layers whose all-reduce's winner changes twice along the token dimension,
     compiled dynamically once, then called at sizes that visit every range twice (with
     ``warm_up``: at 8, then at ``warm_up_sizes()`` as the docs tell a serving engine,
-    then at sizes of every range): per call, what compiled, what ran, and the records it
-    made."""
+    then at sizes of every range under ``set_stance("fail_on_recompile")``, which a
+    serving engine may set once warmed up): per call, what compiled, what ran, and the
+    records it made."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._inductor.kernel.collective.dispatch import warm_up_sizes
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
@@ -364,7 +388,7 @@ def range_graphs_body(
     model, _ = mixed_winner_layers(r, 4)
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
-    dynamo = {"error_on_recompile": True} if forbid == "error_on_recompile" else {}
+    dynamo = FORBIDDEN.get(forbid, {})
     calls = []
     with (
         torch._inductor.config.patch(
@@ -376,13 +400,16 @@ def range_graphs_body(
         # for it, as the docs say): with the warm-up only, which visits 1.
         fx_config.patch(backed_size_oblivious=warm_up),
         recompile_reasons() as reasons,
+        info_messages("torch._inductor.kernel.collective.dispatch") as dispatch_log,
     ):
         sizes = (
             (8, *warm_up_sizes(), 2, 3, 20, 30, 100, 200, 1)
             if warm_up
             else (8, 2, 30, 100, 3, 20, 8, 2, 30, 100)
         )
-        for n in sizes:
+        warmed_up = 1 + len(warm_up_sizes()) if warm_up else len(sizes)
+        for i, n in enumerate(sizes):
+            stance = "fail_on_recompile" if i >= warmed_up else "default"
             start, frames = len(collective_autotune_records()), counter.frame_count
             guards = counters["inductor"]["collective_autotune_range_graph_sites"]
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
@@ -390,12 +417,12 @@ def range_graphs_body(
             outside = counters["inductor"]["collective_autotune_ranges_outside"]
             recompiles = len(reasons)
             x = torch.randn(n, 4, device=r.device)
-            compiled(
-                x
-            )  # compiles where its range has no graph yet (and benchmarks, the first)
-            compiles = counter.frame_count - frames
-            ops.ran.clear()
-            out = compiled(x)
+            with torch.compiler.set_stance(stance):
+                # Compiles where its range has no graph yet (and benchmarks, the first).
+                compiled(x)
+                compiles = counter.frame_count - frames
+                ops.ran.clear()
+                out = compiled(x)
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
             calls.append(
                 {
@@ -419,6 +446,7 @@ def range_graphs_body(
                     "recompile_reasons": reasons[recompiles:],
                 }
             )
+    calls[0]["dispatch_log"] = list(dispatch_log)
     return calls
 
 
@@ -857,7 +885,8 @@ class TestGraphSessions(CollectiveTestCase):
                 compiled_at,
             )
         assert sum(c["compiled"] for c in warm_up) == len(compiled_at)
-        # Then every size runs its range's graph, compiling nothing.
+        # Then every size runs its range's graph, compiling nothing: under
+        # set_stance("fail_on_recompile") a compile would have raised.
         assert [c["compiled"] for c in after] == [0] * len(after), after
         for call in a:
             winner = cells[cell(call["n"])][1]
@@ -895,7 +924,7 @@ class TestGraphSessions(CollectiveTestCase):
         ]
         assert [c["ran"] for c in warm] == [c["ran"] for c in cold]
 
-    @parametrize("forbid", ["knob", "error_on_recompile"])
+    @parametrize("forbid", ["knob", "error_on_recompile", "recompile_limit"])
     def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(
         self, forbid
     ):
@@ -910,6 +939,16 @@ class TestGraphSessions(CollectiveTestCase):
         for call in a:
             winner = next(w for top, w in cells if call["n"] <= top)
             assert call["ran"] == ([] if winner == "default" else [winner]), call
+        # Each site logs that it dispatches inside, and why.
+        reason = {
+            "knob": "collective_autotune_range_graphs is off",
+            "error_on_recompile": "error_on_recompile forbids",
+            "recompile_limit": "more than half of Dynamo's recompile limit (4",
+        }[forbid]
+        dispatching = [m for m in a[0]["dispatch_log"] if "dispatches by size" in m]
+        assert len(dispatching) == 4 and all(reason in m for m in dispatching), a[0][
+            "dispatch_log"
+        ]
 
 
 instantiate_parametrized_tests(TestGraphSessions)

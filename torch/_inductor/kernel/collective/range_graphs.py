@@ -20,8 +20,9 @@ Each range's compile is a Dynamo recompile of the frame, counted against
 cannot be guarded, each logged with its reason (:func:`why_not_range_graphs`): the
 knob ``collective_autotune_range_graphs`` off, a size without a hint (unbacked), no
 Dynamo frame to recompile (export, AOTInductor), a user who forbids recompiles
-(``error_on_recompile``, ``set_stance("fail_on_recompile")``), or more ranges than half
-the recompile limit.
+(``error_on_recompile``), or more ranges than half the recompile limit.
+``set_stance("fail_on_recompile")`` forbids every compile, the first included: it is
+set after a warm-up that compiled every range (``warm_up_sizes()``, collective/dispatch.py).
 """
 
 from __future__ import annotations
@@ -125,12 +126,6 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
         return (
             "torch._dynamo.config.error_on_recompile forbids the recompile of each "
             "range"
-        )
-    stance = getattr(torch._dynamo.eval_frame, "_stance", None)
-    if getattr(stance, "stance", None) == "fail_on_recompile":
-        return (
-            'torch.compiler.set_stance("fail_on_recompile") forbids the recompile of '
-            "each range"
         )
     cells = len(_partition(size) | set(tops))
     limit = torch._dynamo.config.recompile_limit
