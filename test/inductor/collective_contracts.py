@@ -1558,7 +1558,8 @@ def check_dont_skip_tracing() -> None:
 
 def check_range_graph_tells() -> None:
     """What range graphs read to tell where a range cannot be guarded says so:
-    statically_known_leq/gt, free_unbacked_symbols, TracingContext.try_get() (None
+    statically_known_leq/gt, free_unbacked_symbols (a data-dependent size, which has no
+    ladder), TracingContext.try_get() (None
     outside Dynamo), torch.compiler.is_exporting(), error_on_recompile and
     recompile_limit, and GraphLowering's is_backward."""
     import sympy

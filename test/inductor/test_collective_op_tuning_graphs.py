@@ -463,6 +463,48 @@ def cells_of(records) -> list[tuple[float, str]]:
     return cells
 
 
+def data_dependent_size_body(r: Rank) -> dict:
+    """The mixed-winner layers on a token count read from a tensor (an unbacked size),
+    compiled once and called at sizes of every range of the ladder: what compiled, what
+    ran, and what was logged."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+
+    layers, _ = mixed_winner_layers(r, 3)
+
+    def model(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        rows = n.item()
+        torch._check_is_size(rows)
+        torch._check(rows <= x.size(0))
+        return layers(x[:rows])
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    x = torch.randn(300, 4, device=r.device)
+    calls = []
+    start = len(collective_autotune_records())
+    with (
+        torch._inductor.config.patch(collective_autotune_dynamic_max=256),
+        torch._dynamo.config.patch(capture_scalar_outputs=True),
+        info_messages("torch._inductor.kernel.collective.dispatch") as logged,
+    ):
+        for n in (8, 2, 30, 100, 200):
+            ops.ran.clear()
+            out = compiled(x, torch.tensor(n))
+            torch.testing.assert_close(
+                out, model(x, torch.tensor(n)), rtol=1e-4, atol=1e-4
+            )
+            calls.append({"n": n, "ran": sorted(set(ops.ran))})
+    return {
+        "calls": calls,
+        "frames": counter.frame_count,
+        "records": [
+            (rec.winner, rec.source) for rec in collective_autotune_records()[start:]
+        ],
+        "logged": list(logged),
+    }
+
+
 class TestGraphSessions(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     def test_every_site_of_a_key_in_a_graph_inlines_one_benchmarked_winner(
@@ -923,6 +965,18 @@ class TestGraphSessions(CollectiveTestCase):
             c["records"] for c in warm
         ]
         assert [c["ran"] for c in warm] == [c["ran"] for c in cold]
+
+    def test_a_data_dependent_size_runs_the_ops_own_implementation_untuned(self):
+        # No choice can be traced or timed at an unbacked size (upstream's subgraph
+        # choices refuse one, and failed the compile): the op's own implementation
+        # (which notes nothing in ops.ran) runs at every size, from one compile, with a
+        # warning that says why, and no decision to agree on: the size is the program's.
+        a, b = assert_all_ok(run_ranks(2, data_dependent_size_body, timeout_s=240))
+        for result in (a, b):
+            assert result["frames"] == 1 and result["records"] == [], result
+            assert all(call["ran"] == [] for call in result["calls"]), result
+            warned = [m for m in result["logged"] if "data-dependent" in m]
+            assert warned and "own implementation runs" in warned[0], result["logged"]
 
     @parametrize("forbid", ["knob", "error_on_recompile", "recompile_limit"])
     def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(

@@ -44,7 +44,7 @@ from torch._inductor.kernel.collective.choice_modules import (
     Neighbours,
     Stage,
 )
-from torch._inductor.kernel.collective.detection import names_a_collective
+from torch._inductor.kernel.collective.detection import names_a_collective, op_name
 from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch.distributed._store_session import describe
@@ -109,7 +109,7 @@ def dynamic_ladder(
         return None
     size = tensor_inputs[0].get_size()
     dim = next((i for i, s in enumerate(size) if _is_symbolic(s)), None)
-    if dim is None:
+    if dim is None or data_dependent_size(tensor_inputs) is not None:
         return None
     settings = BenchmarkSettings.from_config()
     # The bound as the frame's first site saw it: a range graph's guards (set by that
@@ -142,6 +142,53 @@ def dynamic_ladder(
         [*points, upper],
     )
     return ladder
+
+
+def data_dependent_size(tensor_inputs: Sequence[Any]) -> Any | None:
+    """The first data-dependent (unbacked) size of the op's tensor inputs, or None.
+
+    No choice can be traced for the benchmark at such a size (upstream's
+    SubgraphChoiceCaller refuses one), no size to time it at is known when the graph is
+    compiled, and no guard can choose a range graph by it."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return next(
+        (
+            size
+            for node in tensor_inputs
+            for size in node.get_size()
+            if free_unbacked_symbols(size)
+        ),
+        None,
+    )
+
+
+def untuned_at_data_dependent_size(
+    op: torch._ops.OpOverload, tensor_inputs: Sequence[Any]
+) -> bool:
+    """Whether this call of ``op``, a collective op, is left untuned because one of its
+    sizes is data-dependent (:func:`data_dependent_size`), warning once: its lowering
+    calls the op's own implementation instead (which upstream's would fail the compile
+    on), on every rank alike, as the size is the program's."""
+    from torch._inductor import config
+
+    if not (config.collective_autotune and names_a_collective(op)):
+        return False
+    size = data_dependent_size(tensor_inputs)
+    if size is None:
+        return False
+    _warn_untuned(op_name(op), str(size))
+    return True
+
+
+@functools.lru_cache(None)  # once per op and size, as Python's own warnings are
+def _warn_untuned(op: str, size: str) -> None:
+    log.warning(
+        "%s is not tuned where its size %s is data-dependent (unbacked): no choice can "
+        "be traced or timed at such a size; the op's own implementation runs",
+        op,
+        size,
+    )
 
 
 def range_name(name: str, start: int, end: float) -> str:
@@ -580,8 +627,9 @@ def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
 def lowered_once(
     op: torch._ops.OpOverload, lowering: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """``lowering``, except where ``op`` is lowered inside its own lowering: there the
-    op lowers as itself (a call of its eager kernel).
+    """``lowering``, except where ``op`` is lowered inside its own lowering, or at a
+    data-dependent size (:func:`untuned_at_data_dependent_size`): there the op lowers
+    as itself (a call of its eager kernel).
 
     A range's dispatch, or a range-based op whose every range chose the op's own
     implementation, traces that implementation, the op itself, into the graph; lowering
@@ -595,7 +643,8 @@ def lowered_once(
     @functools.wraps(lowering)
     def lower(*args: Any, **kwargs: Any) -> Any:
         nonlocal active
-        if active:
+        tensors = [a for a in args if hasattr(a, "get_size")]
+        if active or untuned_at_data_dependent_size(op, tensors):
             return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
         active = True
         try:

@@ -67,9 +67,11 @@ from torch._inductor.kernel.collective.detection import (
     resolve_group,
 )
 from torch._inductor.kernel.collective.dispatch import (
+    data_dependent_size,
     dynamic_ladder,
     lower_size_dispatch,
     lowered_once,  # torch 2.11's lowering registry
+    untuned_at_data_dependent_size,
 )
 from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
 from torch._inductor.kernel.collective.records import (
@@ -155,9 +157,19 @@ def prepare_choices(
     range graph is compiled for, nothing is traced: the range's winner is all that the
     range-based lowering reads of it.
 
+    A collective op whose size is data-dependent (unbacked) is not tuned: none of its
+    implementations is traced, and upstream's lowering calls the op's own, with the
+    first implementation's arguments (it would otherwise fail the compile: no choice
+    can be traced at such a size); :func:`detect_collective` then calls it no
+    collective, so that its one choice is taken without a session (torch 2.11 lowers
+    the op as itself before: dispatch.lowered_once).
+
     Returns the implementations, their arguments and their config patches to trace,
     and the winner of a range settled so (None otherwise), to return untraced.
     """
+    if untuned_at_data_dependent_size(op, inputs):
+        _realize(inputs)
+        return [], list(non_tensor_args[:1]), None, None
     labels, site = _prepare_site(
         name,
         decompositions,
@@ -202,12 +214,8 @@ def _prepare_site(
     """The labels of the op's implementations, and its call site where it is tuned
     collectively (None otherwise): the neighbours it fuses with are read, then its
     inputs realized."""
-    from torch._inductor.ir import TensorBox
-
     neighbours = neighbours_of_site(inputs)
-    for inp in inputs:
-        if isinstance(inp, TensorBox):
-            inp.realize()
+    _realize(inputs)
     schema = schema_arguments(op)
     labels = [
         label(d.__name__, kwargs, schema)
@@ -227,6 +235,15 @@ def _prepare_site(
     if site is not None:
         dynamo_callbacks.install(compiling=True)
     return labels, site
+
+
+def _realize(inputs: Sequence[Any]) -> None:
+    """Realize the op's unrealized (pointwise) inputs, which have no strides yet."""
+    from torch._inductor.ir import TensorBox
+
+    for inp in inputs:
+        if isinstance(inp, TensorBox):
+            inp.realize()
 
 
 def _range_winner(
@@ -296,6 +313,8 @@ def detect_collective(
     """
     import torch.distributed as dist
 
+    if choices and data_dependent_size(choices[0].input_nodes) is not None:
+        return False, None  # untuned (prepare_choices): the op's own, its one choice
     initialised = dist.is_available() and dist.is_initialized()
     collective, groups = _communication(
         choices, op_overload, non_tensor_args, initialised

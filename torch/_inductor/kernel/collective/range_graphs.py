@@ -17,12 +17,13 @@ cache keeps one entry per range, found by its guards.
 
 Each range's compile is a Dynamo recompile of the frame, counted against
 ``torch._dynamo.config.recompile_limit``. The in-graph dispatch stays where a range
-cannot be guarded, each logged with its reason (:func:`why_not_range_graphs`): the
-knob ``collective_autotune_range_graphs`` off, a size without a hint (unbacked), no
-Dynamo frame to recompile (export, AOTInductor), a user who forbids recompiles
-(``error_on_recompile``), or more ranges than half the recompile limit.
-``set_stance("fail_on_recompile")`` forbids every compile, the first included: it is
-set after a warm-up that compiled every range (``warm_up_sizes()``, collective/dispatch.py).
+cannot be guarded, each logged with its reason (:func:`_why_not_guarded`): the knob
+``collective_autotune_range_graphs`` off, no Dynamo frame to recompile (export,
+AOTInductor), a user who forbids recompiles (``error_on_recompile``), or more ranges
+than half the recompile limit. ``set_stance("fail_on_recompile")`` forbids every
+compile, the first included: it is set after a warm-up that compiled every range
+(``warm_up_sizes()``, collective/dispatch.py). A data-dependent (unbacked) size is not
+tuned at all (collective/dispatch.py:data_dependent_size).
 """
 
 from __future__ import annotations
@@ -102,14 +103,10 @@ def _known_above(size: Any, low: float) -> bool:
 def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
     from torch._inductor import config
     from torch._inductor.virtualized import V
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+    # (A data-dependent size has no ladder: collective/dispatch.py:data_dependent_size.)
     if not config.collective_autotune_range_graphs:
         return "collective_autotune_range_graphs is off"
-    if free_unbacked_symbols(size):
-        return (
-            f"its size {size} is data-dependent (unbacked): no guard can choose a graph"
-        )
     if getattr(V.graph, "is_backward", False):
         # Compiled at the first backward call, after Dynamo installed the frame's
         # guards.
