@@ -313,8 +313,10 @@ def detect_collective(
     """
     import torch.distributed as dist
 
-    if choices and data_dependent_size(choices[0].input_nodes) is not None:
-        return False, None  # untuned (prepare_choices): the op's own, its one choice
+    # Untuned at a data-dependent size (prepare_choices): the op's own, its one choice.
+    inputs = getattr(choices[0], "input_nodes", ()) if choices else ()
+    if data_dependent_size(inputs) is not None:
+        return False, None
     initialised = dist.is_available() and dist.is_initialized()
     collective, groups = _communication(
         choices, op_overload, non_tensor_args, initialised
