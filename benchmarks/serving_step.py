@@ -508,22 +508,27 @@ def run_mode(
             WRITTEN_IN[name](largest, group.group_name)
         return group
 
+    def compile_once() -> Variant:
+        """The dynamic model compiled and called once, on a group of its own (its
+        decisions made afresh), as the knobs stand: for its compile seconds."""
+        return compile_variant(
+            bench,
+            mode,
+            layers,
+            ops.all_reduce,
+            fresh_group(),
+            device,
+            bench.tokens[:1],
+            True,
+            False,
+        )
+
     variants: dict[str, Variant] = {}
     with inductor_config.patch(collective_autotune=False):
         # The first compile also builds the model's own kernels (relu, add), which every
         # later compile loads: it is a warm-up, and the untuned seconds are the second's.
         for _ in range(2):
-            untuned = compile_variant(
-                bench,
-                mode,
-                layers,
-                ops.all_reduce,
-                fresh_group(),
-                device,
-                bench.tokens[:1],
-                True,
-                False,
-            )
+            untuned = compile_once()
     group = fresh_group()
     first_record = len(collective_autotune_records())
     variants["dynamic"] = compile_variant(
@@ -569,17 +574,7 @@ def run_mode(
         print(f"[{mode}] ladder: {ladder}", flush=True)
     # The same compile again, with a group of its own (its decisions made afresh): what
     # a tuned compile costs once the machine's kernel cache holds the benchmark's kernels.
-    again = compile_variant(
-        bench,
-        mode,
-        layers,
-        ops.all_reduce,
-        fresh_group(),
-        device,
-        bench.tokens[:1],
-        True,
-        False,
-    )
+    again = compile_once()
     # Both again on fresh caches (``fresh_cache``): the untuned compile above found its
     # kernels built by its warm-up, while the tuned one builds whatever kernels of its
     # model the warm-up did not (one H200: 0.76 s waiting for kernels, the untuned
@@ -591,17 +586,7 @@ def run_mode(
     fresh = {}
     for tuned in (True, False):
         with inductor_config.patch(collective_autotune=tuned), fresh_cache():
-            fresh[tuned] = compile_variant(
-                bench,
-                mode,
-                layers,
-                ops.all_reduce,
-                fresh_group(),
-                device,
-                bench.tokens[:1],
-                True,
-                False,
-            )
+            fresh[tuned] = compile_once()
     variants["static"] = compile_variant(
         bench,
         mode,
