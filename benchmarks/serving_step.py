@@ -72,6 +72,7 @@ round).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import faulthandler
@@ -247,6 +248,10 @@ class Variant:
     cudagraph_skips: int = 0
     compile_s: float = 0.0
     compile_phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Where its decisions' seconds went on this rank (see decision_costs).
+    decision_costs: dict[str, dict[str, float]] = dataclasses.field(
+        default_factory=dict
+    )
     # With --profile-compiles: the first compile under cProfile (see profiled).
     compile_profile: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Dynamic variants, each call of the warm-up in order: its size, the graphs it
@@ -405,6 +410,30 @@ def profiled(enabled: bool) -> Iterator[dict[str, Any]]:
         }
 
 
+def decision_costs(records: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Seconds this rank spent on the decisions of ``records`` (decision records), per
+    range, summed over the model's call sites: tracing the choices (upstream), waiting
+    for its peers, compiling the choices for the benchmark, the rest of the decision
+    (``tuning_s``: its votes and the benchmark), and the benchmark's own steps (every
+    choice's first call, sizing batches, rounds, the reduction); with the number of
+    sites and Store requests. What a tuned compile adds, by where it goes."""
+    costs: dict[str, collections.Counter[str]] = {}
+    for r in records:
+        cost = costs.setdefault(r.op.rsplit("_range_", 1)[-1], collections.Counter())
+        cost.update(
+            sites=1,
+            store_requests=r.store_requests,
+            trace_s=r.trace_s,
+            waited_s=r.waited_s,
+            build_s=r.build_s,
+            tuning_s=r.tuning_s,
+            **{f"benchmark_{step}_s": s for step, s in r.phases},
+        )
+    return {
+        name: {k: round(v, 3) for k, v in cost.items()} for name, cost in costs.items()
+    }
+
+
 def host_us(fn: Callable, x: torch.Tensor) -> float:
     """µs the host spends in one call of ``fn`` (until it returns; the device's work
     not waited for), median of 5, this rank: the guard check and launches per call."""
@@ -511,7 +540,8 @@ def run_mode(
     def compile_once() -> Variant:
         """The dynamic model compiled and called once, on a group of its own (its
         decisions made afresh), as the knobs stand: for its compile seconds."""
-        return compile_variant(
+        before = len(collective_autotune_records())
+        variant = compile_variant(
             bench,
             mode,
             layers,
@@ -522,6 +552,8 @@ def run_mode(
             True,
             False,
         )
+        variant.decision_costs = decision_costs(collective_autotune_records()[before:])
+        return variant
 
     variants: dict[str, Variant] = {}
     with inductor_config.patch(collective_autotune=False):
@@ -542,6 +574,9 @@ def run_mode(
         True,
         True,
         warm_up=warm_up_sizes(bench.dynamic_max),
+    )
+    variants["dynamic"].decision_costs = decision_costs(
+        collective_autotune_records()[first_record:]
     )
     # Each range's decision where it was made (later layers reuse it).
     ladder = list(
@@ -749,6 +784,13 @@ def run_mode(
                 "dynamic_untuned": untuned.compile_phases,
                 "dynamic_tuned_fresh": fresh[True].compile_phases,
                 "dynamic_untuned_fresh": fresh[False].compile_phases,
+            },
+            # Where the decisions' seconds went (rank 0's, per range; see
+            # decision_costs).
+            "decision_costs": {
+                "dynamic_tuned": variants["dynamic"].decision_costs,
+                "dynamic_tuned_again": again.decision_costs,
+                "dynamic_tuned_fresh": fresh[True].decision_costs,
             },
             **(
                 {
