@@ -1336,6 +1336,59 @@ def break_custom_ops_fall_back() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(lowering, "fallback_handler", fallback_handler)
 
 
+def check_functional_all_reduce_lowering() -> None:
+    """Inductor lowers a functional all_reduce as ``_c10d_functional.all_reduce_`` on a
+    copy of its input, a pointwise producer fused into that copy (one kernel), while
+    ``config._collective.auto_select`` is off (its default); a graph input is copied
+    the same way. costs_alike_uncompiled times such a choice as traced, reducing the
+    producer's output in place."""
+    from torch._inductor import config
+    from torch._inductor.graph import GraphLowering
+
+    if config._collective.auto_select is not False:
+        raise ContractBroken("config._collective.auto_select is no longer off")
+    fc = torch.ops._c10d_functional
+    codes: list[str] = []
+    with (
+        one_rank_group() as group,
+        fresh_inductor(),
+        mock.patch.object(GraphLowering, "save_output_code", codes.append),
+    ):
+        name = group.group_name
+        x = torch.randn(8, 4)
+        produced = torch.compile(
+            lambda t: fc.wait_tensor(fc.all_reduce(t.neg(), "sum", name)),
+            fullgraph=True,
+        )(x)
+        torch.compile(
+            lambda t: fc.wait_tensor(fc.all_reduce(t, "sum", name)), fullgraph=True
+        )(x)
+    if not torch.equal(produced, x.neg()):
+        raise ContractBroken("a functional all_reduce of one rank changed its input")
+    in_place = "torch.ops._c10d_functional.all_reduce_.default("
+    kernels = [code.count("async_compile.cpp_pybinding(") for code in codes]
+    if len(codes) != 2 or not all(in_place in code for code in codes):
+        raise ContractBroken(
+            "a functional all_reduce is no longer lowered as all_reduce_ on a copy"
+        )
+    if kernels != [1, 1]:
+        raise ContractBroken(
+            f"a functional all_reduce's input copy took {kernels} kernels (producer "
+            "fused, graph input): expected one each"
+        )
+
+
+def break_functional_all_reduce_lowering() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor import lowering
+
+    # A functional all_reduce called as it is (out of place), not lowered in place.
+    op = torch.ops._c10d_functional.all_reduce.default
+    return mock.patch.dict(
+        lowering.lowerings,
+        {op: lowering.fallback_handler(op, add_to_fallback_set=False)},
+    )
+
+
 def check_traced_with_decompositions() -> None:
     """make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")
     traces Inductor's decompositions (hardswish to pointwise ops), at symbolic sizes."""
@@ -2030,6 +2083,13 @@ CONTRACTS: list[Contract] = [
         "dispatch.lowered_once",
         check_fallback_handler,
         break_fallback_handler,
+    ),
+    Contract(
+        "a functional all_reduce is lowered as all_reduce_ on a copy its producer fuses "
+        "into (config._collective.auto_select off)",
+        "choice_modules.costs_alike_uncompiled",
+        check_functional_all_reduce_lowering,
+        break_functional_all_reduce_lowering,
     ),
     Contract(
         "a custom op without a lowering is lowered as a fallback (lowerings, fallbacks)",

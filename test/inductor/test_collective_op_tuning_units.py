@@ -14,7 +14,12 @@ import threading
 import torch
 import torch.distributed as dist
 
-from torch._inductor.kernel.collective.choice_modules import only_calls_opaque_ops
+from torch._inductor.kernel.collective.choice_modules import (
+    costs_alike_uncompiled,
+    eager_module,
+    Neighbours,
+    only_calls_opaque_ops,
+)
 from torch._inductor.kernel.collective.choices import code_identity, unwaited_collective
 from torch._inductor.kernel.collective.dispatch import (
     _bisection_order,
@@ -353,6 +358,73 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         )
         # Nothing called: nothing to time as called.
         assert not only_calls_opaque_ops(traced(lambda x: x))
+
+    def test_functional_collectives_are_timed_as_traced_where_a_compile_adds_nothing(
+        self,
+    ):
+        import types
+
+        import collective_ops as ops
+        from collective_contracts import one_rank_group
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        fc = torch.ops._c10d_functional
+        alone, fused = Neighbours(), Neighbours(producer=True, consumer=True)
+
+        def traced(fn):
+            return make_fx(fn, tracing_mode="fake")(torch.randn(4, 2))
+
+        def reduced(x, group="0"):
+            return fc.wait_tensor(fc.all_reduce(x, "sum", group))
+
+        # Inductor lowers it as a copy of the input (the producer computed into it)
+        # and all_reduce_, the work of the op called: alike with any neighbours.
+        assert costs_alike_uncompiled(traced(lambda x: reduced(x)), alone)
+        assert costs_alike_uncompiled(traced(lambda x: reduced(x)), fused)
+        gathered = traced(
+            lambda x: ops.opaque_all_reduce(
+                fc.wait_tensor(fc.all_gather_into_tensor(x, 2, "0")), "0"
+            )
+        )
+        assert costs_alike_uncompiled(gathered, fused)
+        # A produced input that goes elsewhere too: where the producer's result lives
+        # is the compile's to say.
+        both = traced(lambda x: (ops.opaque_all_reduce(x, "0"), reduced(x)))
+        assert costs_alike_uncompiled(both, alone)
+        assert not costs_alike_uncompiled(both, fused)
+        # An all-reduce of a value the graph computes, which Inductor may reduce in
+        # place without a copy, and Inductor's own pointwise ops: compiled.
+        assert not costs_alike_uncompiled(
+            traced(lambda x: reduced(ops.opaque_all_reduce(x, "0"))), alone
+        )
+        assert not costs_alike_uncompiled(traced(lambda x: reduced(x * 2)), alone)
+        assert not costs_alike_uncompiled(traced(lambda x: x), alone)
+
+        class Calls(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.names: list[str] = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.names.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        with one_rank_group() as group:
+            gm = make_fx(lambda x: reduced(x, group.group_name))(torch.randn(4, 2))
+            choice = types.SimpleNamespace(gm=gm, sym_input_values=())
+            x = torch.randn(4, 2)
+            for neighbours, called in (
+                (fused, "_c10d_functional.all_reduce_.default"),
+                (alone, "_c10d_functional.all_reduce.default"),
+            ):
+                with Calls() as calls:
+                    (out,) = eager_module(choice, neighbours).call([x])
+                # One rank: the sum is its own tensor, negated twice with neighbours.
+                torch.testing.assert_close(out, x)
+                # The producer's stand-in is reduced in place; a graph input is copied
+                # (by the functional all_reduce).
+                assert called in calls.names, calls.names
 
     def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(
         self,

@@ -13,8 +13,8 @@ So a call site whose first input is computed by a pointwise op, or whose result 
 one, is timed with a stand-in of each: every choice runs as
 ``consumer(choice(producer(x), ...))``, compiled together where the choice is a
 subgraph (Inductor fuses them as it will in the model), eagerly around the op's own
-implementation, and in graph mode around a subgraph that only calls opaque ops (as
-the model runs an opaque op). The stand-in is a negation, which
+implementation, and in graph mode around a subgraph whose compile would buy nothing on
+the device (opaque ops and functional collectives; see costs_alike_uncompiled). The stand-in is a negation, which
 costs what a pointwise neighbour costs and keeps a linear collective's result (the
 correctness screen compares the choices' outputs as they are). What a site is fused
 with is part of its key. The ranges of a dynamic op (kernel/collective/dispatch.py) are
@@ -120,8 +120,10 @@ class EagerModule:
 def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     """A subgraph ``choice`` for the benchmark, its traced graph run eagerly with
     ``neighbours``' stand-ins around it: on a CPU, and in graph mode wherever the graph
-    :func:`only_calls_opaque_ops` (collective/timing.py says why not in the default
-    mode).
+    :func:`costs_alike_uncompiled` (collective/timing.py says why not in the default
+    mode). A functional all-reduce of the producer's output reduces it in place, as
+    Inductor's lowering does once the producer is fused into its input's copy
+    (:func:`_reduced_in_place`).
 
     A gloo collective takes tens of microseconds to milliseconds, and what Inductor's
     C++ kernels would save of the pointwise work around it is far less; compiling each
@@ -133,7 +135,10 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     neighbours are kernels of their own there as here, and compiling it bought nothing
     but the compile (serving_step's first tuned compile in graph mode, two such choices
     of four, on one H200 with cold caches: 1.74-1.86 s against 1.89-1.97 s)."""
-    return EagerModule(neighbours.around(choice.gm), len(choice.sym_input_values))
+    gm = choice.gm
+    if neighbours.producer and _all_reduce_of_first_input(gm) is not None:
+        gm = _reduced_in_place(gm)
+    return EagerModule(neighbours.around(gm), len(choice.sym_input_values))
 
 
 def only_calls_opaque_ops(gm: torch.fx.GraphModule) -> bool:
@@ -141,19 +146,108 @@ def only_calls_opaque_ops(gm: torch.fx.GraphModule) -> bool:
     it has no lowering of its own for (it makes them fallbacks when it first lowers
     them), or ops it falls back on. Nothing of such a graph is generated as a kernel,
     and nothing fuses with it."""
+    calls = _calls(gm)
+    return bool(calls) and all(map(_called_as_it_is, calls))
+
+
+def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> bool:
+    """Whether :func:`eager_module` of traced graph ``gm`` with ``neighbours`` puts on
+    the device, run in a CUDA graph, the work of ``gm`` compiled with them: where it
+    :func:`only_calls_opaque_ops`, or calls functional collectives besides, each as
+    Inductor lowers it.
+
+    Inductor lowers a functional collective as the op works when called: the
+    collective into a buffer of its own, ``wait_tensor`` as a wait, and
+    ``all_reduce`` as ``all_reduce_`` on a copy of its input (while
+    ``_collective.auto_select``, off by default, leaves it alone: that would place it
+    in symmetric memory). Nothing fuses with a collective but that copy: a pointwise
+    producer computes its result into it (one pass over the data, which eager_module
+    gets by reducing the producer's stand-in in place: _reduced_in_place), and without
+    a producer the copy of a graph input is a pass of its own, as called. An
+    all-reduce of any other value (which Inductor may reduce in place without a copy),
+    or of a produced input that also goes elsewhere, is left to the compile.
+    Compiling such a choice only built its kernels: the inlined functional all-reduce
+    of serving_step's model in graph mode, the one compiled choice of four, cost its
+    decision 0.6-0.7 s of Triton compiles on fresh caches on one H200."""
+    from torch._inductor import config
+
+    calls = _calls(gm)
+    if not calls or not all(
+        _called_as_it_is(op) or _is_functional_collective(op) for op in calls
+    ):
+        return False
+    first = _first_input(gm)
+    for node in gm.graph.nodes:
+        if not _is_functional_all_reduce(node.target):
+            continue
+        source = node.args[0]
+        if config._collective.auto_select or source.op != "placeholder":
+            return False
+        if neighbours.producer and source is first and len(first.users) > 1:
+            return False
+    return True
+
+
+# The namespace of the functional collectives (torch.distributed._functional_collectives).
+_FUNCTIONAL_COLLECTIVES = "_c10d_functional"
+
+
+def _is_functional_collective(op: Any) -> bool:
+    return (
+        isinstance(op, torch._ops.OpOverload)
+        and op.namespace == _FUNCTIONAL_COLLECTIVES
+    )
+
+
+def _is_functional_all_reduce(op: Any) -> bool:
+    return _is_functional_collective(op) and op._schema.name.endswith("::all_reduce")
+
+
+def _first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    return next((n for n in gm.graph.nodes if n.op == "placeholder"), None)
+
+
+def _all_reduce_of_first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The functional all-reduce that is the only user of ``gm``'s first input (the
+    call site's first input, which a producer computes), if there is one."""
+    first = _first_input(gm)
+    users = list(first.users) if first is not None else []
+    if len(users) == 1 and _is_functional_all_reduce(users[0].target):
+        return users[0]
+    return None
+
+
+def _reduced_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with the functional all-reduce of its first input made in place
+    (``all_reduce_``, which a wait reads as the functional one's result): what
+    Inductor runs once it has fused the producer into the all-reduce's input copy. The
+    first input must be a buffer of the caller's (the producer stand-in's output)."""
+    rewritten = copy.deepcopy(gm)
+    node = _all_reduce_of_first_input(rewritten)
+    assert node is not None
+    node.target = torch.ops._c10d_functional.all_reduce_.default
+    rewritten.recompile()
+    return rewritten
+
+
+def _calls(gm: torch.fx.GraphModule) -> list[Any]:
+    """The targets of ``gm``'s calls, tuple indexing aside."""
     import operator
 
-    from torch._inductor.lowering import fallbacks, lowerings
-
-    calls = [
+    return [
         node.target
         for node in gm.graph.nodes
         if node.op == "call_function" and node.target is not operator.getitem
     ]
-    return bool(calls) and all(
-        isinstance(op, torch._ops.OpOverload)
-        and (op not in lowerings or op in fallbacks)
-        for op in calls
+
+
+def _called_as_it_is(op: Any) -> bool:
+    """Whether Inductor calls ``op`` as it is: a custom op it has no lowering of its
+    own for, or an op it falls back on."""
+    from torch._inductor.lowering import fallbacks, lowerings
+
+    return isinstance(op, torch._ops.OpOverload) and (
+        op not in lowerings or op in fallbacks
     )
 
 

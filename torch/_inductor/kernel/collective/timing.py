@@ -22,11 +22,11 @@ import torch
 from torch._inductor import config
 from torch._inductor.kernel.collective import dispatch
 from torch._inductor.kernel.collective.choice_modules import (
+    costs_alike_uncompiled,
     eager_module,
     LOWER,
     module_for_benchmark,
     Neighbours,
-    only_calls_opaque_ops,
     START,
 )
 from torch._inductor.kernel.collective.choices import (
@@ -143,9 +143,10 @@ def _start(
 ) -> Callable[[], None]:
     """Start building ``choice``; the function that finishes it (its module loaded).
 
-    In graph mode a choice that only calls opaque ops is timed uncompiled (see
-    eager_module), counted in
-    ``counters["inductor"]["collective_autotune_opaque_choices"]``: a CUDA graph's
+    In graph mode a choice that calls only opaque ops and functional collectives is
+    timed as traced where that puts the compiled module's work on the device (see
+    costs_alike_uncompiled, eager_module), counted in
+    ``counters["inductor"]["collective_autotune_uncompiled_choices"]``: a CUDA graph's
     replay costs what its kernels cost on the device, where the neighbours' stand-ins
     cost alike eager or compiled. In the default mode the host launches each kernel,
     and eager stand-ins launch cheaper than Triton kernels: timed so, a host-bound step's
@@ -164,10 +165,10 @@ def _start(
     compile_choice = (
         dispatch.benchmark_module if dispatch.is_range(name) else module_for_benchmark
     )
-    opaque = mode == "graph" and only_calls_opaque_ops(choice.gm)
-    if opaque:
-        counters["inductor"]["collective_autotune_opaque_choices"] += 1
-    if device.type != "cuda" or opaque:
+    as_traced = mode == "graph" and costs_alike_uncompiled(choice.gm, neighbours)
+    if as_traced:
+        counters["inductor"]["collective_autotune_uncompiled_choices"] += 1
+    if device.type != "cuda" or as_traced:
         # Lowered, and timed as traced (see eager_module).
         compile_choice(choice, neighbours, LOWER)
         module = eager_module(choice, neighbours)
