@@ -221,8 +221,15 @@ def _reduced_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` with the functional all-reduce of its first input made in place
     (``all_reduce_``, which a wait reads as the functional one's result): what
     Inductor runs once it has fused the producer into the all-reduce's input copy. The
-    first input must be a buffer of the caller's (the producer stand-in's output)."""
-    rewritten = copy.deepcopy(gm)
+    first input must be a buffer of the caller's (the producer stand-in's output).
+
+    The graph is copied node by node and the module keeps ``gm``'s attributes (a
+    deep copy would copy the fake tensors a traced choice may hold as constants)."""
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        copies[node] = graph.node_copy(node, copies.__getitem__)
+    rewritten = torch.fx.GraphModule(gm, graph)
     node = _all_reduce_of_first_input(rewritten)
     assert node is not None
     node.target = torch.ops._c10d_functional.all_reduce_.default
