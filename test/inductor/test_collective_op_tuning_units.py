@@ -387,12 +387,17 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
                 fc.wait_tensor(fc.all_gather_into_tensor(x, 2, "0")), "0"
             )
         )
-        assert costs_alike_uncompiled(gathered, fused)
-        # A produced input that goes elsewhere too: where the producer's result lives
-        # is the compile's to say.
+        assert costs_alike_uncompiled(gathered, alone)
+        # A produced input that goes elsewhere too, or into another collective (an
+        # all_reduce_coalesced copies it too): where the producer's result lives is the
+        # compile's to say.
         both = traced(lambda x: (ops.opaque_all_reduce(x, "0"), reduced(x)))
-        assert costs_alike_uncompiled(both, alone)
-        assert not costs_alike_uncompiled(both, fused)
+        coalesced = traced(
+            lambda x: fc.wait_tensor(fc.all_reduce_coalesced([x], "sum", "0")[0])
+        )
+        for graph in (both, gathered, coalesced):
+            assert costs_alike_uncompiled(graph, alone)
+            assert not costs_alike_uncompiled(graph, fused)
         # An all-reduce of a value the graph computes, which Inductor may reduce in
         # place without a copy, and Inductor's own pointwise ops: compiled.
         assert not costs_alike_uncompiled(

@@ -163,27 +163,28 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     in symmetric memory). Nothing fuses with a collective but that copy: a pointwise
     producer computes its result into it (one pass over the data, which eager_module
     gets by reducing the producer's stand-in in place: _reduced_in_place), and without
-    a producer the copy of a graph input is a pass of its own, as called. An
-    all-reduce of any other value (which Inductor may reduce in place without a copy),
-    or of a produced input that also goes elsewhere, is left to the compile.
-    Compiling such a choice only built its kernels: the inlined functional all-reduce
-    of serving_step's model in graph mode, the one compiled choice of four, cost its
-    decision 0.6-0.7 s of Triton compiles on fresh caches on one H200."""
+    a producer the copy of a graph input is a pass of its own, as called. A collective
+    of a value computed inside the choice (which Inductor may reduce in place without
+    a copy), or of the produced input other than as its one all-reduce, is left to the
+    compile. Compiling such a choice only built its kernels: the inlined functional
+    all-reduce of serving_step's model in graph mode, the one compiled choice of four,
+    cost its decision 0.6-0.7 s of Triton compiles on fresh caches on one H200."""
     from torch._inductor import config
 
     calls = _calls(gm)
-    if not calls or not all(
-        _called_as_it_is(op) or _is_functional_collective(op) for op in calls
-    ):
+    if config._collective.auto_select or not calls:
+        return only_calls_opaque_ops(gm)
+    if not all(_called_as_it_is(op) or _is_functional_collective(op) for op in calls):
         return False
     first = _first_input(gm)
+    reduced = _all_reduce_of_first_input(gm)
     for node in gm.graph.nodes:
-        if not _is_functional_all_reduce(node.target):
+        if not _is_functional_collective(node.target) or _is_wait(node.target):
             continue
-        source = node.args[0]
-        if config._collective.auto_select or source.op != "placeholder":
+        sources = node.all_input_nodes
+        if any(source.op != "placeholder" for source in sources):
             return False
-        if neighbours.producer and source is first and len(first.users) > 1:
+        if neighbours.producer and first in sources and node is not reduced:
             return False
     return True
 
@@ -201,6 +202,10 @@ def _is_functional_collective(op: Any) -> bool:
 
 def _is_functional_all_reduce(op: Any) -> bool:
     return _is_functional_collective(op) and op._schema.name.endswith("::all_reduce")
+
+
+def _is_wait(op: Any) -> bool:
+    return _is_functional_collective(op) and op._schema.name.endswith("::wait_tensor")
 
 
 def _first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
