@@ -419,17 +419,53 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
             gm = make_fx(lambda x: reduced(x, group.group_name))(torch.randn(4, 2))
             choice = types.SimpleNamespace(gm=gm, sym_input_values=())
             x = torch.randn(4, 2)
+            reduced_ = "_c10d_functional.all_reduce_.default"
             for neighbours, called in (
-                (fused, "_c10d_functional.all_reduce_.default"),
-                (alone, "_c10d_functional.all_reduce.default"),
+                (fused, ["aten.neg.default", reduced_]),
+                (alone, ["aten.clone.default", reduced_]),
             ):
                 with Calls() as calls:
                     (out,) = eager_module(choice, neighbours).call([x])
                 # One rank: the sum is its own tensor, negated twice with neighbours.
                 torch.testing.assert_close(out, x)
                 # The producer's stand-in is reduced in place; a graph input is copied
-                # (by the functional all_reduce).
-                assert called in calls.names, calls.names
+                # first, a call of its own as Inductor's copy kernel is.
+                assert calls.names[:2] == called, calls.names
+
+    def test_default_mode_times_a_keys_choices_as_traced_all_or_none(self):
+        import types
+
+        import collective_ops as ops
+        from torch._inductor.kernel.collective.timing import timed_as_traced
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        fc = torch.ops._c10d_functional
+        fused = Neighbours(producer=True, consumer=True)
+
+        def choice(fn):
+            gm = make_fx(fn, tracing_mode="fake")(torch.randn(4, 2))
+            return types.SimpleNamespace(gm=gm, _compile_for_benchmarking=None)
+
+        opaque = choice(lambda x: ops.opaque_all_reduce(x, "0"))
+        functional = choice(lambda x: fc.wait_tensor(fc.all_reduce(x, "sum", "0")))
+        pointwise = choice(lambda x: ops.opaque_all_reduce(x, "0") * 2)
+        own = types.SimpleNamespace()  # the op's own: called as it is, never compiled
+        cpu, gpu = torch.device("cpu"), torch.device("cuda")
+        alike = {"own": own, "opaque": opaque, "functional": functional}
+        mixed = {**alike, "pointwise": pointwise}
+        for mode in ("eager", "graph"):
+            assert timed_as_traced(alike, gpu, fused, mode) == {"opaque", "functional"}
+            # On a CPU every subgraph choice runs as traced.
+            assert timed_as_traced(mixed, cpu, fused, mode) == {
+                "opaque",
+                "functional",
+                "pointwise",
+            }
+        # A choice with pointwise work of its own is compiled; in graph mode the others
+        # are still timed as traced (a replay costs the device's work), in the default
+        # mode they are compiled too, to launch from the host as that one does.
+        assert timed_as_traced(mixed, gpu, fused, "graph") == {"opaque", "functional"}
+        assert timed_as_traced(mixed, gpu, fused, "eager") == set()
 
     def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(
         self,

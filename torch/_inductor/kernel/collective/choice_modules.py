@@ -13,8 +13,9 @@ So a call site whose first input is computed by a pointwise op, or whose result 
 one, is timed with a stand-in of each: every choice runs as
 ``consumer(choice(producer(x), ...))``, compiled together where the choice is a
 subgraph (Inductor fuses them as it will in the model), eagerly around the op's own
-implementation, and in graph mode around a subgraph whose compile would buy nothing on
-the device (opaque ops and functional collectives; see costs_alike_uncompiled). The stand-in is a negation, which
+implementation, and around a subgraph whose compile would buy nothing (opaque ops and
+functional collectives; see costs_alike_uncompiled, and timing.timed_as_traced for
+when). The stand-in is a negation, which
 costs what a pointwise neighbour costs and keeps a linear collective's result (the
 correctness screen compares the choices' outputs as they are). What a site is fused
 with is part of its key. The ranges of a dynamic op (kernel/collective/dispatch.py) are
@@ -119,11 +120,11 @@ class EagerModule:
 
 def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     """A subgraph ``choice`` for the benchmark, its traced graph run eagerly with
-    ``neighbours``' stand-ins around it: on a CPU, and in graph mode wherever the graph
-    :func:`costs_alike_uncompiled` (collective/timing.py says why not in the default
-    mode). A functional all-reduce of the producer's output reduces it in place, as
-    Inductor's lowering does once the producer is fused into its input's copy
-    (:func:`_reduced_in_place`).
+    ``neighbours``' stand-ins around it: on a CPU, and on a GPU where the graph
+    :func:`costs_alike_uncompiled` (collective/timing.py's timed_as_traced says when).
+    A functional all-reduce of a graph input runs as Inductor lowers it, in place on a
+    copy, and of the producer's output in place, as Inductor's lowering does once the
+    producer is fused into its input's copy (:func:`_reduced_in_place`).
 
     A gloo collective takes tens of microseconds to milliseconds, and what Inductor's
     C++ kernels would save of the pointwise work around it is far less; compiling each
@@ -135,10 +136,10 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     neighbours are kernels of their own there as here, and compiling it bought nothing
     but the compile (serving_step's first tuned compile in graph mode, two such choices
     of four, on one H200 with cold caches: 1.74-1.86 s against 1.89-1.97 s)."""
-    gm = choice.gm
-    if neighbours.producer and _all_reduce_of_first_input(gm) is not None:
-        gm = _reduced_in_place(gm)
-    return EagerModule(neighbours.around(gm), len(choice.sym_input_values))
+    return EagerModule(
+        neighbours.around(_reduced_in_place(choice.gm, neighbours.producer)),
+        len(choice.sym_input_values),
+    )
 
 
 def only_calls_opaque_ops(gm: torch.fx.GraphModule) -> bool:
@@ -154,7 +155,8 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     """Whether :func:`eager_module` of traced graph ``gm`` with ``neighbours`` puts on
     the device, run in a CUDA graph, the work of ``gm`` compiled with them: where it
     :func:`only_calls_opaque_ops`, or calls functional collectives besides, each as
-    Inductor lowers it.
+    Inductor lowers it. It also launches as many calls from the host, each stand-in or
+    copy an eager op where the compiled module launches a Triton kernel.
 
     Inductor lowers a functional collective as the op works when called: the
     collective into a buffer of its own, ``wait_tensor`` as a wait, and
@@ -222,24 +224,48 @@ def _all_reduce_of_first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None
     return None
 
 
-def _reduced_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with the functional all-reduce of its first input made in place
-    (``all_reduce_``, which a wait reads as the functional one's result): what
-    Inductor runs once it has fused the producer into the all-reduce's input copy. The
-    first input must be a buffer of the caller's (the producer stand-in's output).
+def _reduced_in_place(
+    gm: torch.fx.GraphModule, owns_first: bool
+) -> torch.fx.GraphModule:
+    """``gm`` with each functional all-reduce of a graph input made in place
+    (``all_reduce_``, which a wait reads as the functional one's result) on a copy of
+    the input, as Inductor lowers it: one more call for the host to launch, as the
+    compiled copy is. Where the caller ``owns_first`` input (the producer stand-in's
+    output), its one all-reduce reduces it in place, without the copy: what Inductor
+    runs once it has fused the producer into that copy. ``gm`` itself where it has no
+    such all-reduce.
 
     The graph is copied node by node and the module keeps ``gm``'s attributes (a
     deep copy would copy the fake tensors a traced choice may hold as constants)."""
+    reduced = [
+        node
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and _is_functional_all_reduce(node.target)
+        and node.args[0].op == "placeholder"
+    ]
+    if not reduced:
+        return gm
+    owned = _all_reduce_of_first_input(gm) if owns_first else None
     graph = torch.fx.Graph()
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:
-        copies[node] = graph.node_copy(node, copies.__getitem__)
-    rewritten = torch.fx.GraphModule(gm, graph)
-    node = _all_reduce_of_first_input(rewritten)
-    assert node is not None
-    node.target = torch.ops._c10d_functional.all_reduce_.default
-    rewritten.recompile()
-    return rewritten
+        if node in reduced:
+            source = copies[node.args[0]]
+            if node is not owned:
+                source = graph.call_function(
+                    torch.ops.aten.clone.default,
+                    (source,),
+                    {"memory_format": torch.contiguous_format},
+                )
+            copies[node] = graph.call_function(
+                torch.ops._c10d_functional.all_reduce_.default,
+                (source, *node.args[1:]),
+                dict(node.kwargs),
+            )
+        else:
+            copies[node] = graph.node_copy(node, copies.__getitem__)
+    return torch.fx.GraphModule(gm, graph)
 
 
 def _calls(gm: torch.fx.GraphModule) -> list[Any]:

@@ -119,9 +119,10 @@ def build(
     cost the sum of their compiles.)"""
     finishes: dict[str, Callable[[], None]] = {}
     failures: dict[str, str] = {}
+    traced = timed_as_traced(choices, device, neighbours, mode)
     for label, choice in choices.items():
         try:
-            finishes[label] = _start(name, choice, device, neighbours, mode)
+            finishes[label] = _start(name, choice, device, neighbours, label in traced)
         except Exception as e:  # the group drops it, saying why
             log.debug("choice %s of %s did not build", label, name, exc_info=True)
             failures[label] = _failure(choice, e)
@@ -134,23 +135,55 @@ def build(
     return failures
 
 
+def timed_as_traced(
+    choices: dict[str, ChoiceCaller],
+    device: torch.device,
+    neighbours: Neighbours,
+    mode: str,
+) -> set[str]:
+    """The subgraph ``choices`` (by label) to time as traced, with ``neighbours``'
+    stand-ins run eagerly around them (choice_modules.eager_module), rather than
+    compiled with them. The same on every rank: it reads the traced graphs.
+
+    On a CPU every one (eager_module says why). On a GPU, those whose compile would
+    put nothing more on the device (costs_alike_uncompiled): in graph mode each such
+    choice, a CUDA graph's replay costing what its kernels cost on the device; in the
+    default mode all of them or none. There the host launches each kernel, and an
+    eager stand-in launches cheaper than a Triton kernel: a key whose choices were
+    timed some compiled and some as traced once took a choice 38% slower in the model
+    (a host-bound step). Timed all alike, each choice pays the same launches for the
+    same neighbours, as in the model, where every choice's neighbours are the model's
+    own kernels; a choice with pointwise work of its own must be compiled to be timed
+    as it runs, and then so are the others."""
+    subgraphs = {
+        label: choice.gm
+        for label, choice in choices.items()
+        if getattr(choice, "gm", None) is not None
+        and hasattr(choice, "_compile_for_benchmarking")
+    }
+    if device.type != "cuda":
+        return set(subgraphs)
+    alike = {
+        label
+        for label, gm in subgraphs.items()
+        if costs_alike_uncompiled(gm, neighbours)
+    }
+    if mode == "graph" or alike == set(subgraphs):
+        return alike
+    return set()
+
+
 def _start(
     name: str,
     choice: ChoiceCaller,
     device: torch.device,
     neighbours: Neighbours,
-    mode: str,
+    as_traced: bool,
 ) -> Callable[[], None]:
-    """Start building ``choice``; the function that finishes it (its module loaded).
-
-    In graph mode a choice that calls only opaque ops and functional collectives is
-    timed as traced where that puts the compiled module's work on the device (see
-    costs_alike_uncompiled, eager_module), counted in
-    ``counters["inductor"]["collective_autotune_uncompiled_choices"]``: a CUDA graph's
-    replay costs what its kernels cost on the device, where the neighbours' stand-ins
-    cost alike eager or compiled. In the default mode the host launches each kernel,
-    and eager stand-ins launch cheaper than Triton kernels: timed so, a host-bound step's
-    pick once moved to a choice 38% slower in the model."""
+    """Start building ``choice``, compiled or (``as_traced``) only lowered, to be
+    timed as traced (:func:`timed_as_traced`, counted in
+    ``counters["inductor"]["collective_autotune_uncompiled_choices"]`` on GPUs); the
+    function that finishes it (its module loaded)."""
     from torch._dynamo.utils import counters
 
     if needs_symmetric_memory(choice) and device.type != "cuda":
@@ -165,11 +198,11 @@ def _start(
     compile_choice = (
         dispatch.benchmark_module if dispatch.is_range(name) else module_for_benchmark
     )
-    as_traced = mode == "graph" and costs_alike_uncompiled(choice.gm, neighbours)
     if as_traced:
-        counters["inductor"]["collective_autotune_uncompiled_choices"] += 1
-    if device.type != "cuda" or as_traced:
-        # Lowered, and timed as traced (see eager_module).
+        if device.type == "cuda":
+            counters["inductor"]["collective_autotune_uncompiled_choices"] += 1
+        # Lowered (a choice that cannot be compiled is dropped now, not found when
+        # the winner is inlined), and timed as traced.
         compile_choice(choice, neighbours, LOWER)
         module = eager_module(choice, neighbours)
         choice._compiled_module = module  # type: ignore[attr-defined]
