@@ -145,6 +145,9 @@ class Bench:
     dynamic_max: int
     modes: tuple[str, ...]
     calls: int  # back-to-back calls per sample
+    # Whether a pointwise producer (relu) computes each all-reduce's input, which an
+    # inlined functional all-reduce fuses into its input's copy and an opaque op cannot.
+    producer: bool = True
 
 
 BENCHES = {
@@ -177,7 +180,8 @@ WRITTEN_IN: dict[str, Callable[[torch.Tensor, str], torch.Tensor]] = {
 
 
 class Stack(torch.nn.Module):
-    """``layers`` tensor-parallel layers ``x = x + all_reduce(relu(x @ w))``."""
+    """``layers`` tensor-parallel layers ``x = x + all_reduce(relu(x @ w))`` (without
+    the relu where ``bench`` has no producer)."""
 
     def __init__(
         self,
@@ -198,10 +202,11 @@ class Stack(torch.nn.Module):
             for _ in range(layers)
         ]
         self.all_reduce, self.group_name = all_reduce, group_name
+        self.producer = torch.relu if bench.producer else (lambda y: y)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for w in self.weights:
-            x = x + self.all_reduce(torch.relu(x @ w), self.group_name)
+            x = x + self.all_reduce(self.producer(x @ w), self.group_name)
         return x
 
 
@@ -933,6 +938,8 @@ def run(args: argparse.Namespace) -> None:
         )
     if args.modes:
         bench = dataclasses.replace(bench, modes=tuple(args.modes.split(",")))
+    if args.no_producer:
+        bench = dataclasses.replace(bench, producer=False)
     ops.register(bench.implementations)
     torch.fx.experimental._config.backed_size_oblivious = True  # one graph for 1 .. max
     # Every variant's compiles stay in Dynamo's cache until they are measured.
@@ -953,6 +960,7 @@ def run(args: argparse.Namespace) -> None:
         "dtype": str(bench.dtype).removeprefix("torch."),
         "hidden": bench.hidden,
         "layers": args.layers,
+        "producer": "relu" if bench.producer else "none",
         "implementations": [*bench.implementations, "default"],
         "compile_tokens": COMPILE_TOKENS,
         "collective_autotune_dynamic_max": bench.dynamic_max,
@@ -978,7 +986,8 @@ def summary(result: dict[str, Any]) -> str:
     """The goals, checked on the result."""
     lines = [
         f"goals: {result['world_size']}x {result['device']}, torch {result['torch']}, {result['layers']} "
-        f"layers x + all_reduce(relu(x @ w)), hidden {result['hidden']}, {result['dtype']}",
+        f"layers x + all_reduce({'relu(x @ w)' if result['producer'] == 'relu' else 'x @ w'}),"
+        f" hidden {result['hidden']}, {result['dtype']}",
     ]
     for mode, m in result["modes"].items():
         lines.append(
@@ -1097,6 +1106,12 @@ def main() -> None:
     )
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument(
+        "--no-producer",
+        action="store_true",
+        help="layers x + all_reduce(x @ w): no pointwise producer for an inlined "
+        "all-reduce to fuse into its input's copy",
+    )
     parser.add_argument(
         "--tokens", default="", help="comma-separated sizes (default: the device's)"
     )

@@ -99,11 +99,50 @@ def graph_mode_one_op_body(r: Rank) -> list:
         )
 
 
+def default_mode_as_traced_body(r: Rank, with_pointwise_choice: bool) -> dict:
+    """A produced all-reduce in the default mode, its choices an inlined functional
+    all-reduce and an opaque op, and with ``with_pointwise_choice`` one that
+    Inductor's compile fuses (a cat of chunks)."""
+    choices = [ops.all_reduce_then("one_all_reduce"), ops.opaque]
+    if with_pointwise_choice:
+        choices.append(ops.chunked_all_reduce)
+    ops.register_all_reduce(*choices)
+    group = r.group.group_name
+    uncompiled = counters["inductor"]["collective_autotune_uncompiled_choices"]
+    records = compile_and_check(
+        lambda x: ops.all_reduce(torch.relu(x), group) * 2,
+        torch.randn(64, 32, device=r.device),
+    )
+    return {
+        "records": records,
+        "uncompiled_choices": counters["inductor"][
+            "collective_autotune_uncompiled_choices"
+        ]
+        - uncompiled,
+    }
+
+
 @unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
 class TestOneGpu(CollectiveTestCase):
     def test_one_op_is_screened_and_timed_on_one_gpu(self):
         (record,) = check_agreement(run_ranks(1, one_op_body, device="cuda"), 1, 1)
         assert record.mode == "eager" and record.group_ranks == (0,)
+
+    def test_the_default_mode_times_choices_as_traced_all_or_none_on_one_gpu(self):
+        (alike,) = assert_all_ok(
+            run_ranks(1, default_mode_as_traced_body, False, device="cuda")
+        )
+        (record,) = alike["records"]
+        # Both choices run as traced (the functional all-reduce in place on the
+        # producer's stand-in), and the faster wins: the opaque op sleeps 6 ms.
+        assert record.mode == "eager" and alike["uncompiled_choices"] == 2
+        assert record.winner.endswith("one_all_reduce"), record.winner
+        (mixed,) = assert_all_ok(
+            run_ranks(1, default_mode_as_traced_body, True, device="cuda")
+        )
+        # A choice the compile fuses: every choice is compiled, to launch alike.
+        assert mixed["uncompiled_choices"] == 0
+        assert not mixed["records"][0].winner.endswith("opaque")
 
     def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu(self):
         (result,) = assert_all_ok(
