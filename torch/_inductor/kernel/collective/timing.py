@@ -143,7 +143,8 @@ def timed_as_traced(
 ) -> set[str]:
     """The subgraph ``choices`` (by label) to time as traced, with ``neighbours``'
     stand-ins run eagerly around them (choice_modules.eager_module), rather than
-    compiled with them. The same on every rank: it reads the traced graphs.
+    compiled with them. The same on every rank that traced the same choices: it reads
+    the traced graphs (a choice that one rank could not trace, the group drops).
 
     On a CPU every one (eager_module says why). On a GPU, those whose compile would
     put nothing more on the device (costs_alike_uncompiled): in graph mode each such
