@@ -1340,8 +1340,9 @@ def check_functional_all_reduce_lowering() -> None:
     """Inductor lowers a functional all_reduce as ``_c10d_functional.all_reduce_`` on a
     copy of its input, a pointwise producer fused into that copy (one kernel), while
     ``config._collective.auto_select`` is off (its default); a graph input is copied
-    the same way. costs_alike_uncompiled times such a choice as traced, reducing the
-    producer's output in place."""
+    the same way, and an all_gather_into_tensor's not at all. costs_alike_uncompiled
+    times such a choice as traced, reducing the producer's output in place, and leaves
+    the collectives that copy their inputs otherwise to the compile."""
     from torch._inductor import config
     from torch._inductor.graph import GraphLowering
 
@@ -1363,18 +1364,23 @@ def check_functional_all_reduce_lowering() -> None:
         torch.compile(
             lambda t: fc.wait_tensor(fc.all_reduce(t, "sum", name)), fullgraph=True
         )(x)
+        torch.compile(
+            lambda t: fc.wait_tensor(fc.all_gather_into_tensor(t, 1, name)),
+            fullgraph=True,
+        )(x)
     if not torch.equal(produced, x.neg()):
         raise ContractBroken("a functional all_reduce of one rank changed its input")
     in_place = "torch.ops._c10d_functional.all_reduce_.default("
     kernels = [code.count("async_compile.cpp_pybinding(") for code in codes]
-    if len(codes) != 2 or not all(in_place in code for code in codes):
+    if len(codes) != 3 or not all(in_place in code for code in codes[:2]):
         raise ContractBroken(
             "a functional all_reduce is no longer lowered as all_reduce_ on a copy"
         )
-    if kernels != [1, 1]:
+    if kernels != [1, 1, 0]:
         raise ContractBroken(
-            f"a functional all_reduce's input copy took {kernels} kernels (producer "
-            "fused, graph input): expected one each"
+            f"functional collectives' input copies took {kernels} kernels (all_reduce "
+            "of a produced input, of a graph input, all_gather_into_tensor of a graph "
+            "input): expected 1, 1, 0"
         )
 
 
@@ -2086,7 +2092,8 @@ CONTRACTS: list[Contract] = [
     ),
     Contract(
         "a functional all_reduce is lowered as all_reduce_ on a copy its producer fuses "
-        "into (config._collective.auto_select off)",
+        "into, an all_gather_into_tensor without one (config._collective.auto_select "
+        "off)",
         "choice_modules.costs_alike_uncompiled",
         check_functional_all_reduce_lowering,
         break_functional_all_reduce_lowering,

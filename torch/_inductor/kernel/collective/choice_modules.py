@@ -122,9 +122,9 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     """A subgraph ``choice`` for the benchmark, its traced graph run eagerly with
     ``neighbours``' stand-ins around it: on a CPU, and on a GPU where the graph
     :func:`costs_alike_uncompiled` (collective/timing.py's timed_as_traced says when).
-    A functional all-reduce of a graph input runs as Inductor lowers it, in place on a
-    copy, and of the producer's output in place, as Inductor's lowering does once the
-    producer is fused into its input's copy (:func:`_reduced_in_place`).
+    A functional all-reduce of the producer's output reduces it in place, as Inductor's
+    lowering does once the producer is fused into its input's copy
+    (:func:`_reduced_in_place`).
 
     A gloo collective takes tens of microseconds to milliseconds, and what Inductor's
     C++ kernels would save of the pointwise work around it is far less; compiling each
@@ -136,10 +136,10 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     neighbours are kernels of their own there as here, and compiling it bought nothing
     but the compile (serving_step's first tuned compile in graph mode, two such choices
     of four, on one H200 with cold caches: 1.74-1.86 s against 1.89-1.97 s)."""
-    return EagerModule(
-        neighbours.around(_reduced_in_place(choice.gm, neighbours.producer)),
-        len(choice.sym_input_values),
-    )
+    gm = choice.gm
+    if neighbours.producer and _all_reduce_of_first_input(gm) is not None:
+        gm = _reduced_in_place(gm)
+    return EagerModule(neighbours.around(gm), len(choice.sym_input_values))
 
 
 def only_calls_opaque_ops(gm: torch.fx.GraphModule) -> bool:
@@ -164,11 +164,15 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     ``_collective.auto_select``, off by default, leaves it alone: that would place it
     in symmetric memory). Nothing fuses with a collective but that copy: a pointwise
     producer computes its result into it (one pass over the data, which eager_module
-    gets by reducing the producer's stand-in in place: _reduced_in_place), and without
-    a producer the copy of a graph input is a pass of its own, as called. A collective
-    of a value computed inside the choice (which Inductor may reduce in place without
-    a copy), or of the produced input other than as its one all-reduce, is left to the
-    compile. Compiling such a choice only built its kernels: the inlined functional
+    gets by reducing the producer's stand-in in place: _reduced_in_place). Any other
+    copy of an input (of an all-reduce without a producer, of an
+    ``all_reduce_coalesced`` or a ``broadcast``) is a Triton kernel of Inductor's,
+    where the op called copies with a memcpy, whose cost differs: timed as called, the
+    inlined all-reduce of a model without a producer tied the op's own (which copies
+    with a memcpy too) in graph mode on one H200, while in the model it ran 5% faster.
+    Such a collective, one of a value computed inside the choice (which Inductor may
+    reduce in place without a copy), and one of the produced input other than its one
+    all-reduce, are left to the compile. Compiling such a choice only built its kernels: the inlined functional
     all-reduce of serving_step's model in graph mode, the one compiled choice of four,
     cost its decision 0.6-0.7 s of Triton compiles on fresh caches on one H200."""
     from torch._inductor import config
@@ -179,14 +183,18 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     if not all(_called_as_it_is(op) or _is_functional_collective(op) for op in calls):
         return False
     first = _first_input(gm)
-    reduced = _all_reduce_of_first_input(gm)
+    reduced = _all_reduce_of_first_input(gm) if neighbours.producer else None
     for node in gm.graph.nodes:
         if not _is_functional_collective(node.target) or _is_wait(node.target):
+            continue
+        if node is reduced:
             continue
         sources = node.all_input_nodes
         if any(source.op != "placeholder" for source in sources):
             return False
-        if neighbours.producer and first in sources and node is not reduced:
+        if _copies_its_inputs(node.target):
+            return False
+        if neighbours.producer and first in sources:
             return False
     return True
 
@@ -204,6 +212,16 @@ def _is_functional_collective(op: Any) -> bool:
 
 def _is_functional_all_reduce(op: Any) -> bool:
     return _is_functional_collective(op) and op._schema.name.endswith("::all_reduce")
+
+
+def _copies_its_inputs(op: Any) -> bool:
+    """Whether Inductor lowers functional collective ``op`` as its in-place variant on
+    copies of its inputs (comm_lowering's ``all_reduce``, ``all_reduce_coalesced`` and
+    ``broadcast``)."""
+    return op._schema.name.split("::")[1] in _COPYING_COLLECTIVES
+
+
+_COPYING_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast")
 
 
 def _is_wait(op: Any) -> bool:
@@ -224,48 +242,24 @@ def _all_reduce_of_first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None
     return None
 
 
-def _reduced_in_place(
-    gm: torch.fx.GraphModule, owns_first: bool
-) -> torch.fx.GraphModule:
-    """``gm`` with each functional all-reduce of a graph input made in place
-    (``all_reduce_``, which a wait reads as the functional one's result) on a copy of
-    the input, as Inductor lowers it: one more call for the host to launch, as the
-    compiled copy is. Where the caller ``owns_first`` input (the producer stand-in's
-    output), its one all-reduce reduces it in place, without the copy: what Inductor
-    runs once it has fused the producer into that copy. ``gm`` itself where it has no
-    such all-reduce.
+def _reduced_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with the functional all-reduce of its first input made in place
+    (``all_reduce_``, which a wait reads as the functional one's result): what
+    Inductor runs once it has fused the producer into the all-reduce's input copy. The
+    first input must be a buffer of the caller's (the producer stand-in's output).
 
     The graph is copied node by node and the module keeps ``gm``'s attributes (a
     deep copy would copy the fake tensors a traced choice may hold as constants)."""
-    reduced = [
-        node
-        for node in gm.graph.nodes
-        if node.op == "call_function"
-        and _is_functional_all_reduce(node.target)
-        and node.args[0].op == "placeholder"
-    ]
-    if not reduced:
-        return gm
-    owned = _all_reduce_of_first_input(gm) if owns_first else None
     graph = torch.fx.Graph()
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:
-        if node in reduced:
-            source = copies[node.args[0]]
-            if node is not owned:
-                source = graph.call_function(
-                    torch.ops.aten.clone.default,
-                    (source,),
-                    {"memory_format": torch.contiguous_format},
-                )
-            copies[node] = graph.call_function(
-                torch.ops._c10d_functional.all_reduce_.default,
-                (source, *node.args[1:]),
-                dict(node.kwargs),
-            )
-        else:
-            copies[node] = graph.node_copy(node, copies.__getitem__)
-    return torch.fx.GraphModule(gm, graph)
+        copies[node] = graph.node_copy(node, copies.__getitem__)
+    rewritten = torch.fx.GraphModule(gm, graph)
+    node = _all_reduce_of_first_input(rewritten)
+    assert node is not None
+    node.target = torch.ops._c10d_functional.all_reduce_.default
+    rewritten.recompile()
+    return rewritten
 
 
 def _calls(gm: torch.fx.GraphModule) -> list[Any]:
