@@ -172,9 +172,10 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     with a memcpy too) in graph mode on one H200, while in the model it ran 5% faster.
     Such a collective, one of a value computed inside the choice (which Inductor may
     reduce in place without a copy), and one of the produced input other than its one
-    all-reduce, are left to the compile. Compiling such a choice only built its kernels: the inlined functional
-    all-reduce of serving_step's model in graph mode, the one compiled choice of four,
-    cost its decision 0.6-0.7 s of Triton compiles on fresh caches on one H200."""
+    all-reduce, are left to the compile. Compiling a choice that costs alike only built
+    its kernels: the inlined functional all-reduce of serving_step's model in graph
+    mode, the one compiled choice of four, cost its decision 0.6-0.7 s of Triton
+    compiles on fresh caches on one H200."""
     from torch._inductor import config
 
     calls = _calls(gm)
