@@ -10,7 +10,8 @@ CPU smoke test (gloo, fp32, hidden 256, the functional all-reduce and the op's o
 
 The model is a stack of ``--layers`` tensor-parallel layers ``x = x + all_reduce(relu(x @ w))``
 (``x + all_reduce(x @ w)`` with ``--no-producer``: no pointwise work for an inlined
-all-reduce to fuse into its input's copy; hidden 4096, bf16 on GPUs), its all-reduce examples/tp_allreduce's ``tp_demo::all_reduce``
+all-reduce to fuse into its input's copy; hidden 4096, bf16 on GPUs), its all-reduce
+examples/tp_allreduce's ``tp_demo::all_reduce``
 registered with NCCL (``one_all_reduce``, inlined functional collectives) and the
 symmetric-memory one-shot and two-shot kernels (opaque custom ops); the op's own
 implementation (clone + ``dist.all_reduce``) is always a choice. What a user gets is the

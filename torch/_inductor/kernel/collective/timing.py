@@ -157,10 +157,7 @@ def timed_as_traced(
     own kernels; a choice with pointwise work of its own must be compiled to be timed
     as it runs, and then so are the others."""
     subgraphs = {
-        label: choice.gm
-        for label, choice in choices.items()
-        if getattr(choice, "gm", None) is not None
-        and hasattr(choice, "_compile_for_benchmarking")
+        label: choice.gm for label, choice in choices.items() if _is_subgraph(choice)
     }
     if device.type != "cuda":
         return set(subgraphs)
@@ -172,6 +169,14 @@ def timed_as_traced(
     if mode == "graph" or alike == set(subgraphs):
         return alike
     return set()
+
+
+def _is_subgraph(choice: ChoiceCaller) -> bool:
+    """Whether ``choice`` is a traced subgraph that Inductor compiles for its benchmark
+    (the op's own implementation is called as it is)."""
+    return getattr(choice, "gm", None) is not None and hasattr(
+        choice, "_compile_for_benchmarking"
+    )
 
 
 def _start(
@@ -189,9 +194,7 @@ def _start(
 
     if needs_symmetric_memory(choice) and device.type != "cuda":
         raise RuntimeError("uses symmetric memory, which needs CUDA")
-    if getattr(choice, "gm", None) is None or not hasattr(
-        choice, "_compile_for_benchmarking"
-    ):
+    if not _is_subgraph(choice):
         choice.to_callable()
         return lambda: None
     if choice._compiled_module is not None:  # type: ignore[attr-defined]
