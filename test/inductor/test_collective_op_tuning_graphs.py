@@ -83,7 +83,9 @@ def two_graphs_body(r: Rank) -> dict:
     x = torch.randn(8, 16, device=r.device)
     first = compile_and_check(stack(group, 2, r.device), x)
     torch._dynamo.reset()
-    second = compile_and_check(lambda t: ops.all_reduce(t, group) * 3, x)
+    # Another graph with a site like the first's: a matmul's output, a pointwise user.
+    w = torch.randn(16, 16, device=r.device) / 8
+    second = compile_and_check(lambda t, w: ops.all_reduce(t @ w, group) * 3, x, w)
     return {"first": first, "second": second}
 
 
@@ -91,14 +93,19 @@ def neighbours_body(r: Rank) -> list:
     register_two_choices()
     group = r.group.group_name
 
-    def f(x):
+    def f(x, w):
         fused = (
             ops.all_reduce(torch.relu(x), group) * 2
         )  # a pointwise producer and user
         alone = ops.all_reduce(x, group)  # a graph input, returned
-        return fused, alone
+        owned = ops.all_reduce(x @ w, group)  # a matmul's output, read by it alone
+        y = x @ (w * 2)
+        shared = ops.all_reduce(y, group) + y  # read after it: not reduced in place
+        return fused, alone, owned, shared
 
-    return compile_and_check(f, torch.randn(8, 16, device=r.device))
+    return compile_and_check(
+        f, torch.randn(8, 16, device=r.device), torch.randn(16, 16, device=r.device)
+    )
 
 
 # -- decisions kept on disk across restarts ---------------------------------------------------
@@ -535,13 +542,21 @@ class TestGraphSessions(CollectiveTestCase):
 
     @parametrize("device", DEVICE_CASES)
     def test_a_site_is_timed_with_the_pointwise_work_it_fuses_with(self, device):
-        # The same op and shapes, once between pointwise neighbours and once alone: two
-        # keys, each benchmarked as it runs in the model, and the compiled graph is right.
+        # The same op and shapes between pointwise neighbours, alone on a graph input,
+        # on a matmul's output (which an inlined all-reduce reduces in place, where it
+        # copies a graph input) and on one read after it (which it must not): four
+        # keys, each benchmarked as it runs in the model, and the compiled graph is
+        # right on every rank.
         a, b = assert_all_ok(run_ranks(2, neighbours_body, device=device))
         assert a == b
-        assert sorted(r.timed_with for r in a) == ["none", "producer+consumer"]
-        assert [r.source for r in a] == ["benchmark", "benchmark"]
-        assert len({r.key for r in a}) == 2 and len({r.session for r in a}) == 1
+        assert sorted(r.timed_with for r in a) == [
+            "consumer",
+            "none",
+            "owned-input",
+            "producer+consumer",
+        ]
+        assert [r.source for r in a] == ["benchmark"] * 4
+        assert len({r.key for r in a}) == 4 and len({r.session for r in a}) == 1
 
     def test_a_restart_reuses_the_decision_every_rank_stored(self):
         first = restart(self.tmp_path)
@@ -736,10 +751,11 @@ class TestGraphSessions(CollectiveTestCase):
         ]
         # 3 sites in the forward graph and 3 in the backward, 5 ranges each. Each graph's
         # first site decides the ranges, timed with what it fuses with there (the forward's
-        # relu and residual add; the backward's relu gradient), and its later sites take
-        # them untraced. The backward's sites look like the forward's (the plan's session
-        # was held): its keys are agreed in sessions of their own, settled in the graph all
-        # the same.
+        # relu and residual add; the backward's relu gradient), and its later sites of the
+        # same key take them untraced. The backward's sites look like the forward's (the
+        # plan's session was held): its keys are agreed in sessions of their own, settled
+        # in the graph all the same. The backward's last site all-reduces a matmul's
+        # output that only it reads (an owned input): a key of its own, timed so.
         assert len(a["records"]) == 30
         forward, backward = a["records"][:15], a["records"][15:]
         assert {r.timed_with for r in forward[:5] if r.source == "benchmark"} == {
@@ -748,7 +764,12 @@ class TestGraphSessions(CollectiveTestCase):
         assert {r.timed_with for r in backward[:5] if r.source == "benchmark"} == {
             "consumer"
         }
-        assert [r.reason for r in forward[5:] + backward[5:]] == [SETTLED_IN_GRAPH] * 20
+        assert [r.reason for r in forward[5:] + backward[5:10]] == [
+            SETTLED_IN_GRAPH
+        ] * 15
+        assert {(r.timed_with, r.source) for r in backward[10:]} == {
+            ("owned-input+consumer", "benchmark")
+        }
         assert not {r.key for r in forward} & {r.key for r in backward}
         assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
 

@@ -381,8 +381,12 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         # Inductor lowers it as a copy of the input into which the producer computes,
         # and all_reduce_: the work of the producer's stand-in reduced in place.
         assert costs_alike_uncompiled(traced(lambda x: reduced(x)), fused)
-        # Without a producer that copy is a Triton kernel where the op called copies
-        # with a memcpy (so for an all_reduce_coalesced, a broadcast): compiled.
+        # The output of a kernel that only this op reads (a matmul's) is reduced in
+        # place with no copy at all: its producer's stand-in is reduced in place too.
+        owned = Neighbours(owned_input=True)
+        assert costs_alike_uncompiled(traced(lambda x: reduced(x)), owned)
+        # A graph input's copy is a Triton kernel where the op called copies with a
+        # memcpy (so for an all_reduce_coalesced, a broadcast): compiled.
         assert not costs_alike_uncompiled(traced(lambda x: reduced(x)), alone)
         coalesced = traced(
             lambda x: fc.wait_tensor(fc.all_reduce_coalesced([x], "sum", "0")[0])
@@ -424,17 +428,38 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
             gm = make_fx(lambda x: reduced(x, group.group_name))(torch.randn(4, 2))
             choice = types.SimpleNamespace(gm=gm, sym_input_values=())
             x = torch.randn(4, 2)
-            for neighbours, called in (
-                (fused, "_c10d_functional.all_reduce_.default"),
-                (alone, "_c10d_functional.all_reduce.default"),
+            for neighbours, called, expected in (
+                (fused, "_c10d_functional.all_reduce_.default", x),
+                (owned, "_c10d_functional.all_reduce_.default", -x),
+                (alone, "_c10d_functional.all_reduce.default", x),
             ):
                 with Calls() as calls:
                     (out,) = eager_module(choice, neighbours).call([x])
-                # One rank: the sum is its own tensor, negated twice with neighbours.
-                torch.testing.assert_close(out, x)
+                # One rank: the sum is its own tensor, negated by each stand-in.
+                torch.testing.assert_close(out, expected)
                 # The producer's stand-in is reduced in place; a graph input is copied
                 # (by the functional all_reduce: on a CPU, where every choice runs so).
                 assert called in calls.names, calls.names
+
+    def test_an_owned_inputs_producer_runs_before_a_compiled_choice_never_fused(self):
+        import types
+
+        from torch._inductor.kernel.collective.choice_modules import AfterOwnedInput
+
+        owned = Neighbours(owned_input=True, consumer=True)
+        # Part of the key; compiled with the consumer only (nothing fuses with the
+        # kernel computing the input in the model, a matmul, say).
+        assert str(owned) == "owned-input+consumer"
+        assert owned.fused == Neighbours(consumer=True)
+        assert Neighbours(producer=True).fused == Neighbours(producer=True)
+        called = []
+        module = types.SimpleNamespace(call=lambda args: called.append(args) or [0])
+        x, y = torch.randn(3), torch.randn(3)
+        # The stand-in negates the first tensor, after the symbolic sizes, each call.
+        AfterOwnedInput(module, sym_inputs=1).call([7, x, y])
+        ((size, first, second),) = called
+        assert size == 7 and second is y
+        torch.testing.assert_close(first, -x)
 
     def test_default_mode_times_a_keys_choices_as_traced_all_or_none(self):
         import types

@@ -9,13 +9,21 @@ input, both pay one copy and tie (356 vs 357 µs at 64 MiB on 4 H200s); inside t
 the inlined one was 5% faster per step. Likewise a pointwise consumer may fuse into a
 choice's own trailing pointwise work.
 
-So a call site whose first input is computed by a pointwise op, or whose result feeds
-one, is timed with a stand-in of each: every choice runs as
+A graph input is copied by an inlined all-reduce too, where the output of a kernel that
+only the op reads is reduced in place (comm_lowering's copy left out): in a model of
+layers ``x + all_reduce(x @ w)`` on 2 H200s the inlined NCCL all-reduce stepped 3.8%
+faster than the op's own (which copies) at 16384 tokens, where timed on a graph input
+both copied and the op's own was kept.
+
+So a call site whose first input is computed by a pointwise op (or by another kernel
+for it alone), or whose result feeds one, is timed with a stand-in of each: every
+choice runs as
 ``consumer(choice(producer(x), ...))``, compiled together where the choice is a
 subgraph (Inductor fuses them as it will in the model), eagerly around the op's own
 implementation, and around a subgraph whose compile would buy nothing (opaque ops and
 functional collectives; see costs_alike_uncompiled, and timing.timed_as_traced for
-when). The stand-in is a negation, which
+when). The stand-in of an owned input's producer is never compiled in: nothing fuses
+with a matmul (:class:`AfterOwnedInput`). The stand-in is a negation, which
 costs what a pointwise neighbour costs and keeps a linear collective's result (the
 correctness screen compares the choices' outputs as they are). What a site is fused
 with is part of its key. The ranges of a dynamic op (kernel/collective/dispatch.py) are
@@ -43,41 +51,69 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class Neighbours:
-    """The pointwise work a call site's choice is fused with in the model."""
+    """The work a call site's choice runs between in the model: a pointwise kernel
+    computing its first input (``producer``, which Inductor fuses with an inlined
+    choice), a pointwise user of its result (``consumer``), or another kernel computing
+    the first input for this op alone (``owned_input``: a matmul, say), which nothing
+    fuses with but whose output an inlined all-reduce reduces in place, with no copy."""
 
     producer: bool = False
     consumer: bool = False
+    owned_input: bool = False
 
     def __str__(self) -> str:
         return (
             "+".join(
                 n
-                for n, on in (("producer", self.producer), ("consumer", self.consumer))
+                for n, on in (
+                    ("producer", self.producer),
+                    ("owned-input", self.owned_input),
+                    ("consumer", self.consumer),
+                )
                 if on
             )
             or "none"
         )
 
+    @property
+    def input_reduced_in_place(self) -> bool:
+        """Whether the model computes the first input into a buffer of its own that
+        an inlined all-reduce of it reduces in place (the producer fused into the
+        all-reduce's input copy, or the copy of an owned input left out)."""
+        return self.producer or self.owned_input
+
+    @property
+    def fused(self) -> Neighbours:
+        """The neighbours a compiled choice is compiled with: the owned input's
+        producer is a kernel of its own in the model, run before the module
+        (:class:`AfterOwnedInput`)."""
+        return dataclasses.replace(self, owned_input=False)
+
     def around(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         """``fn`` with the stand-ins of these neighbours around it."""
-        if not (self.producer or self.consumer):
+        if not (self.input_reduced_in_place or self.consumer):
             return fn
 
         @functools.wraps(fn)
         def with_neighbours(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            out = fn(torch.neg(x) if self.producer else x, *args, **kwargs)
+            x = torch.neg(x) if self.input_reduced_in_place else x
+            out = fn(x, *args, **kwargs)
             return torch.neg(out) if self.consumer else out
 
         return with_neighbours
 
 
 def neighbours_of_site(inputs: Sequence[Any]) -> Neighbours:
-    """What the call site being lowered fuses with: a pointwise kernel computing its
-    first input, a pointwise user of its result.
+    """What the call site being lowered runs between: a pointwise kernel computing its
+    first input, a pointwise user of its result, or another kernel of the graph
+    computing its first input for it alone.
 
     The producer is found as a pointwise computation, realized or not: the custom op's
     layout constraint realizes it as a copy before the lowering runs, and Inductor
-    still fuses that copy with an inlined choice's first pointwise step."""
+    still fuses that copy with an inlined choice's first pointwise step. Any other
+    buffer the graph computes (not a graph input, not a view) that only this op reads
+    is an owned input: Inductor leaves out the copy an inlined all-reduce would make
+    of it (comm_lowering's clone, reused in place), where a graph input is copied."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -85,17 +121,26 @@ def neighbours_of_site(inputs: Sequence[Any]) -> Neighbours:
         return Neighbours()
     first = inputs[0]
     storage = first.data if isinstance(first, ir.TensorBox) else None
-    computed = storage.data if isinstance(storage, ir.StorageBox) else None
-    if isinstance(computed, ir.ComputedBuffer):
-        computed = computed.data
-    producer = (
-        isinstance(computed, ir.Pointwise) and first.get_dtype().is_floating_point
-    )
+    buffer = storage.data if isinstance(storage, ir.StorageBox) else None
+    computed = buffer.data if isinstance(buffer, ir.ComputedBuffer) else buffer
+    floating = first.get_dtype().is_floating_point
+    producer = isinstance(computed, ir.Pointwise) and floating
     node = getattr(V.graph, "current_node", None)
     consumer = node is not None and any(
         torch.Tag.pointwise in getattr(user.target, "tags", ()) for user in node.users
     )
-    return Neighbours(producer, consumer)
+    # The op's first tensor argument (its inputs are its tensor arguments, in order).
+    args = node.args if node is not None else ()
+    arg = next((a for a in args if isinstance(a, torch.fx.Node)), None)
+    read_by = arg.users if arg is not None else ()
+    owned_input = (
+        not producer
+        and floating
+        and isinstance(buffer, ir.Buffer)
+        and not isinstance(buffer, ir.InputBuffer)
+        and list(read_by) == [node]
+    )
+    return Neighbours(producer, consumer, owned_input)
 
 
 def implementation_of(choice: Any) -> Callable[..., Any]:
@@ -118,6 +163,22 @@ class EagerModule:
         return [self.run(*args[self.sym_inputs :])]
 
 
+@dataclasses.dataclass(frozen=True)
+class AfterOwnedInput:
+    """A compiled choice called as a compiled benchmark module is, after the stand-in
+    of the kernel that computes its owned input (Neighbours.owned_input): a kernel of
+    its own, as the model's matmul is, where a pointwise producer's stand-in is
+    compiled into the module."""
+
+    module: Any
+    sym_inputs: int
+
+    def call(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        args = list(args)
+        args[self.sym_inputs] = torch.neg(args[self.sym_inputs])
+        return self.module.call(args)
+
+
 def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     """A subgraph ``choice`` for the benchmark, its traced graph run eagerly with
     ``neighbours``' stand-ins around it: on a CPU, and on a GPU where the graph
@@ -137,7 +198,7 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     but the compile (serving_step's first tuned compile in graph mode, two such choices
     of four, on one H200 with cold caches: 1.74-1.86 s against 1.89-1.97 s)."""
     gm = choice.gm
-    if neighbours.producer and _all_reduce_of_first_input(gm) is not None:
+    if neighbours.input_reduced_in_place and _all_reduce_of_first_input(gm) is not None:
         gm = _reduced_in_place(gm)
     return EagerModule(neighbours.around(gm), len(choice.sym_input_values))
 
@@ -164,12 +225,13 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     ``_collective.auto_select``, off by default, leaves it alone: that would place it
     in symmetric memory). Nothing fuses with a collective but that copy: a pointwise
     producer computes its result into it (one pass over the data, which eager_module
-    gets by reducing the producer's stand-in in place: _reduced_in_place). Any other
-    copy of an input (of an all-reduce without a producer, of an
+    gets by reducing the producer's stand-in in place: _reduced_in_place), and an
+    owned input's copy is left out (the same in-place reduce). Any other copy of an
+    input (of an all-reduce of a graph input, of an
     ``all_reduce_coalesced`` or a ``broadcast``) is a Triton kernel of Inductor's,
-    where the op called copies with a memcpy, whose cost differs: timed as called, the
-    inlined all-reduce of a model without a producer tied the op's own (which copies
-    with a memcpy too) in graph mode on one H200, while in the model it ran 5% faster.
+    where the op called copies with a memcpy, whose cost differs (timed as called on
+    a graph input, the inlined all-reduce tied the op's own, which copies with a
+    memcpy too, in graph mode on one H200).
     Such a collective, one of a value computed inside the choice (which Inductor may
     reduce in place without a copy), and one of the produced input other than its one
     all-reduce, are left to the compile. Compiling a choice that costs alike only built
@@ -184,7 +246,9 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     if not all(_called_as_it_is(op) or _is_functional_collective(op) for op in calls):
         return False
     first = _first_input(gm)
-    reduced = _all_reduce_of_first_input(gm) if neighbours.producer else None
+    reduced = (
+        _all_reduce_of_first_input(gm) if neighbours.input_reduced_in_place else None
+    )
     for node in gm.graph.nodes:
         if not _is_functional_collective(node.target) or _is_wait(node.target):
             continue
@@ -195,7 +259,7 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
             return False
         if _copies_its_inputs(node.target):
             return False
-        if neighbours.producer and first in sources:
+        if neighbours.input_reduced_in_place and first in sources:
             return False
     return True
 

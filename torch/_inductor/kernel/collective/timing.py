@@ -22,6 +22,7 @@ import torch
 from torch._inductor import config
 from torch._inductor.kernel.collective import dispatch
 from torch._inductor.kernel.collective.choice_modules import (
+    AfterOwnedInput,
     costs_alike_uncompiled,
     eager_module,
     LOWER,
@@ -207,15 +208,17 @@ def _start(
             counters["inductor"]["collective_autotune_uncompiled_choices"] += 1
         # Lowered (a choice that cannot be compiled is dropped now, not found when
         # the winner is inlined), and timed as traced.
-        compile_choice(choice, neighbours, LOWER)
+        compile_choice(choice, neighbours.fused, LOWER)
         module = eager_module(choice, neighbours)
         choice._compiled_module = module  # type: ignore[attr-defined]
         return lambda: None
     with config.patch(_BENCHMARK_MODULE_CONFIG):
-        load = compile_choice(choice, neighbours, START)
+        load = compile_choice(choice, neighbours.fused, START)
 
     def finish() -> None:
         module = load() if callable(load) else load
+        if neighbours.owned_input:
+            module = AfterOwnedInput(module, len(choice.sym_input_values))  # type: ignore[attr-defined]
         choice._compiled_module = module  # type: ignore[attr-defined]
 
     return finish
