@@ -108,6 +108,31 @@ def neighbours_body(r: Rank) -> list:
     )
 
 
+def inlined_in_place_body(r: Rank, dynamic: bool) -> dict:
+    """The inlined all-reduce of a matmul's output and of a graph input, compiled
+    (``dynamic``: with a dynamic size, one graph per range) with their pick's code."""
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.utils import run_and_get_code
+
+    # The op's own sleeps 10 ms: the functional all-reduce wins at every size (on
+    # gloo too) and is inlined.
+    ops.register_all_reduce(ops.all_reduce_then("one_all_reduce"))
+    group = r.group.group_name
+    x = torch.randn(8, 16, device=r.device)
+    w = torch.randn(16, 16, device=r.device)
+    codes = {}
+    for site, fn in (
+        ("owned", lambda x, w: ops.all_reduce(x @ w, group, "10") + x),
+        ("graph_input", lambda x, w: ops.all_reduce(x, group, "10") + x),
+    ):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+        out, (code, *_) = run_and_get_code(compiled, x, w)
+        torch.testing.assert_close(out, fn(x, w), rtol=1e-4, atol=1e-4)
+        codes[site] = code
+    return {"records": collective_autotune_records(), "codes": codes}
+
+
 # -- decisions kept on disk across restarts ---------------------------------------------------
 
 
@@ -557,6 +582,24 @@ class TestGraphSessions(CollectiveTestCase):
         ]
         assert [r.source for r in a] == ["benchmark"] * 4
         assert len({r.key for r in a}) == 4 and len({r.session for r in a}) == 1
+
+    @parametrize("device", DEVICE_CASES)
+    @parametrize("dynamic", [False, True])
+    def test_an_inlined_all_reduce_reduces_an_input_only_it_reads_in_place(
+        self, device, dynamic
+    ):
+        # As Inductor's reinplace pass makes of the all-reduce written in the model:
+        # no copy of the matmul's output (a kernel named after the all-reduce), where
+        # a graph input is copied.
+        a, _ = assert_all_ok(
+            run_ranks(2, inlined_in_place_body, dynamic, device=device)
+        )
+        assert a["records"] and all(
+            r.winner.endswith("one_all_reduce") for r in a["records"]
+        ), [r.winner for r in a["records"]]
+        assert "all_reduce_.default" in a["codes"]["owned"]
+        assert "fused_all_reduce" not in a["codes"]["owned"]
+        assert "fused_all_reduce" in a["codes"]["graph_input"]
 
     def test_a_restart_reuses_the_decision_every_rank_stored(self):
         first = restart(self.tmp_path)

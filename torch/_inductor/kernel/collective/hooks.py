@@ -42,7 +42,10 @@ from torch._inductor.kernel.collective import (
     graph_sessions,
     selection,
 )
-from torch._inductor.kernel.collective.choice_modules import neighbours_of_site
+from torch._inductor.kernel.collective.choice_modules import (
+    neighbours_of_site,
+    to_inline,
+)
 from torch._inductor.kernel.collective.choices import (
     check_own_implementation,
     choice_label,
@@ -110,6 +113,7 @@ __all__ = [
     "note_registration",
     "prepare_choices",
     "select_collective_choice",
+    "to_inline",
 ]
 
 log = logging.getLogger(__name__)
