@@ -213,8 +213,11 @@ def to_inline(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.Graph
     all-reduce copied its input first (comm_lowering's clone), a pass over the data
     that the same all-reduce written in the model does not make (4-5% of an 8-layer
     step at 4096-16384 tokens on 2 H200s). The benchmark times it so
-    (:func:`eager_module`). Any other graph is inlined as it is."""
-    if _all_reduce_of_first_input(gm) is None:
+    (:func:`eager_module`). Any other graph, and every graph while collective
+    autotuning is off, is inlined as it is."""
+    from torch._inductor import config
+
+    if not config.collective_autotune or _all_reduce_of_first_input(gm) is None:
         return gm
     if not neighbours_of_site(inputs).owned_input:
         return gm
