@@ -129,16 +129,8 @@ _SYMMETRIC_MEMORY_NAMESPACE = "symm_mem"
 # Bounds on calls per eager sample and per captured batch, whatever the estimates say.
 _MAX_CALLS_PER_SAMPLE = 1024
 # Fewest calls per captured batch: a replay's launch costs a few microseconds, which a
-# batch of many calls makes a small part of each call. A batch is sized from the choice's
-# first (eager) call, whose time at small sizes is mostly the host's launches (60-150 us
-# for a 10 us collective on 2 H200s): this floor, not the sample's length, is what holds
-# those batches to at least 8 calls (with a floor of 2, one-shot's reading at 1-16 tokens
-# rose by 1.9 us and the op's own won 5-16 tokens, 11% slower in the model).
+# batch of many calls makes a small part of each call.
 _MIN_GRAPH_CALLS = 8
-# A call that alone lasts a sample (graph_sample_us) is device-bound: two calls, back to
-# back as a model's layers call the op, time it; eight made the 16384-token range of the
-# serving model 0.14-0.20 s of a ladder's tuning on 2-4 H200s (0.6-0.9 ms per call).
-_MIN_LONG_GRAPH_CALLS = 2
 # Rounds before the first comparison across ranks (quartiles need a few samples);
 # host-paced eager samples on GPUs jitter more.
 _MIN_ROUNDS = 3
@@ -694,7 +686,7 @@ class CollectiveBenchmarker:
         """The fewest calls that time a choice of ``per_call_us``: what sizes its
         samples, then the first rounds (a rendezvous call and a sample each)."""
         if self.mode == "graph":
-            calls = _graph_calls(self.settings.graph_sample_us, per_call_us)
+            calls = _calls(self.settings.graph_sample_us, per_call_us, _MIN_GRAPH_CALLS)
             return calls + self._min_rounds * 2 * calls
         calls = _calls(self.settings.sample_us, per_call_us, 1)
         lead_in = self._lead_in(per_call_us)
@@ -719,7 +711,8 @@ class CollectiveBenchmarker:
             # The screen's times are the slowest rank's: every rank captures as many
             # calls.
             calls = [
-                _graph_calls(self.settings.graph_sample_us, t) for t in first_call_us
+                _calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS)
+                for t in first_call_us
             ]
             for i, graph in self._capture(candidates, live, calls).items():
                 if graph is not None:
@@ -1209,16 +1202,6 @@ def _calls(sample_us: float, per_call_us: float, fewest: int) -> int:
     if not (math.isfinite(per_call_us) and per_call_us > 0):
         return fewest
     return max(fewest, min(_MAX_CALLS_PER_SAMPLE, math.ceil(sample_us / per_call_us)))
-
-
-def _graph_calls(sample_us: float, first_call_us: float) -> int:
-    """Calls per captured batch of a choice whose first call took ``first_call_us`` (its
-    slowest rank's, so the same on every rank): ``sample_us`` of them, at least
-    _MIN_GRAPH_CALLS, or _MIN_LONG_GRAPH_CALLS where that one call lasted a sample."""
-    long = math.isfinite(first_call_us) and first_call_us >= sample_us
-    return _calls(
-        sample_us, first_call_us, _MIN_LONG_GRAPH_CALLS if long else _MIN_GRAPH_CALLS
-    )
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
