@@ -1151,6 +1151,43 @@ def break_inline_subgraphs() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_inlining_asks_the_hooks() -> None:
+    """inline_subgraph_to_ir_nodes inlines the graph that collective autotuning's
+    ``hooks.to_inline(gm, inputs)`` gives for ``gm`` (patch 0006: an all-reduce of an
+    input only the op reads becomes ``all_reduce_`` on it there)."""
+    from torch._inductor.kernel.collective import hooks
+
+    def to_inline(gm: Any, inputs: list[Any]) -> Any:
+        return _traced(lambda t: t * 5, inputs)
+
+    def lower(x: Any) -> Any:
+        return resolve(_INLINE)(_traced(lambda t: t * 3, [x]), [x], "contract_probe")
+
+    with mock.patch.object(hooks, "to_inline", to_inline):
+        x, out = _lowered_through(lower)
+    if not torch.allclose(out, x.relu() * 5 + 1):
+        raise ContractBroken(
+            "inline_subgraph_to_ir_nodes no longer inlines the graph hooks.to_inline "
+            "gives it"
+        )
+
+
+def break_inlining_asks_the_hooks() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.codegen import subgraph
+    from torch._inductor.kernel.collective import hooks
+
+    original = subgraph.inline_subgraph_to_ir_nodes
+
+    # Upstream's function rewritten without the hunk: it inlines ``gm`` as given.
+    def inline_subgraph_to_ir_nodes(gm: Any, inputs: list[Any], name: str) -> Any:
+        with mock.patch.object(hooks, "to_inline", lambda gm, inputs: gm):
+            return original(gm, inputs, name)
+
+    return mock.patch.object(
+        subgraph, "inline_subgraph_to_ir_nodes", inline_subgraph_to_ir_nodes
+    )
+
+
 def check_ir_nodes_to_tensors() -> None:
     """ir_node_to_tensor gives a lowering's input as a fake tensor with its symbolic
     sizes (the dispatch is traced for every size), and gm_original_output_strides
@@ -2020,6 +2057,13 @@ CONTRACTS: list[Contract] = [
         "collective/dispatch.py",
         check_subgraphs_inline,
         break_inline_subgraphs,
+    ),
+    Contract(
+        "inline_subgraph_to_ir_nodes inlines the graph hooks.to_inline gives it",
+        "patches (0006, codegen/subgraph.py): choice_modules.to_inline",
+        check_inlining_asks_the_hooks,
+        break_inlining_asks_the_hooks,
+        needs_overlay=True,
     ),
     Contract(
         "_merge_config_and_runtime_kwargs(config_params, runtime_kwargs)",
