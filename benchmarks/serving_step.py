@@ -51,18 +51,20 @@ compile's seconds are also taken with ``collective_autotune=False`` (the op's ow
 ladder), after one such compile that builds the model's own kernels for both: the
 difference is what tuning the ladder adds to the compile. That first tuned compile also
 compiles the kernels of the modules it benchmarks, unless the machine's kernel cache
-holds them from an earlier job; a second tuned compile (a group of its own, so its
-decisions are made afresh) shows what tuning adds once they are cached; and both, tuned
-and untuned, compiled once more on fresh caches (``fresh_cache``), each building all of
-its kernels, show what tuning adds to a job on an empty cache. A further range
-graph's compile (its first call in the warm-up) is set against its untuned compile: that
-of the model with the range's winner written in, compiled afresh and first called at the
-same size (Inductor autotunes its kernels at their first launch's size), on the process's
-caches and on fresh ones (the range graph's kernels are its own, compiled cold); every
-first call records Dynamo's and Inductor's timed phases. With ``--kernels`` each
-variant's device time per kernel at each size is recorded too, on every rank
-(torch.profiler), to tell what the collective costs in a step from what the rest of the
-model's kernels cost, and a rank's wait for its peer from its own work.
+holds them from an earlier job; tuned compiles again (a group of their own, so their
+decisions are made afresh) show what tuning adds once they are cached; and both, tuned
+and untuned, compiled on fresh caches (``fresh_cache``), each building its kernels, what
+tuning adds to a job on an empty cache. A further range graph's compile (its first call
+in the warm-up) is set against its untuned compile: that of the model with the range's
+winner written in, compiled afresh and first called at the same size (Inductor autotunes
+its kernels at their first launch's size), on fresh caches, and on the process's caches
+against the range graph compiled again by the tuned compiles again (its kernels cached
+too: like with like). Each compared compile but the first tuned one is repeated
+``COMPILE_REPEATS`` times and read as the median (the fresh pairs: the median of each
+pair's difference); every first call records Dynamo's and Inductor's timed phases. With
+``--kernels`` each variant's device time per kernel at each size is recorded too, on
+every rank (torch.profiler), to tell what the collective costs in a step from what the
+rest of the model's kernels cost, and a rank's wait for its peer from its own work.
 ``--pointwise-autotune off`` gives every Triton kernel the first configuration of its
 heuristics on every rank (Inductor otherwise times them on each rank alone, and ranks can
 keep configurations 50% apart); ``--profile-compiles`` runs the warm-up's first calls
@@ -136,6 +138,10 @@ COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
 # running the same code read up to 13% apart in eager mode on 1 H200 (host-bound steps);
 # with 11, up to 43% at 1 token on 4 H200s (faf3ee5): eager mode takes more.
 ROUNDS = {"graph": 11, "eager": 21}
+# Repetitions of each compile that the compile goals compare (untuned, tuned again, both
+# on fresh caches, a further range's untuned compile): single compiles spread by ±0.3 s
+# between runs, more than the goals' margins; the goals read medians.
+COMPILE_REPEATS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -567,9 +573,9 @@ def run_mode(
     variants: dict[str, Variant] = {}
     with inductor_config.patch(collective_autotune=False):
         # The first compile also builds the model's own kernels (relu, add), which every
-        # later compile loads: it is a warm-up, and the untuned seconds are the second's.
-        for _ in range(2):
-            untuned = compile_once()
+        # later compile loads: it is a warm-up, and the untuned seconds are the later ones'.
+        compile_once()
+        untuned = [compile_once() for _ in range(COMPILE_REPEATS)]
     group = fresh_group()
     first_record = len(collective_autotune_records())
     variants["dynamic"] = compile_variant(
@@ -620,9 +626,8 @@ def run_mode(
     # a tuned compile costs once the machine's kernel cache holds the benchmark's kernels;
     # then each further range's compile with its kernels cached (the warm-up built them),
     # as its untuned compile on the process's caches finds its own.
-    again = compile_once(
-        [c.tokens for c in variants["dynamic"].first_calls if c.compiles]
-    )
+    further = [c.tokens for c in variants["dynamic"].first_calls if c.compiles]
+    again = [compile_once(further) for _ in range(COMPILE_REPEATS)]
     # Both again on fresh caches (``fresh_cache``): the untuned compile above found its
     # kernels built by its warm-up, while the tuned one builds whatever kernels of its
     # model the warm-up did not (one H200: 0.76 s waiting for kernels, the untuned
@@ -631,10 +636,11 @@ def run_mode(
     # not empty every cache of compiled kernels (on one H200 a second compile of the
     # same kernels under it waited for none), so the tuned compile goes first: where
     # the untuned one finds kernels the tuned one built, the extra reads high, not low.
-    fresh = {}
-    for tuned in (True, False):
-        with inductor_config.patch(collective_autotune=tuned), fresh_cache():
-            fresh[tuned] = compile_once()
+    fresh: dict[bool, list[Variant]] = {True: [], False: []}
+    for _ in range(COMPILE_REPEATS):
+        for tuned in (True, False):
+            with inductor_config.patch(collective_autotune=tuned), fresh_cache():
+                fresh[tuned].append(compile_once())
     variants["static"] = compile_variant(
         bench,
         mode,
@@ -674,8 +680,13 @@ def run_mode(
     for name, variant in variants.items():
         log(name, variant)
 
-    # The further ranges' compiles of the second tuned compile, their kernels cached.
-    cached = {c.tokens: c for c in again.first_calls if c.compiles}
+    # The further ranges' compiles of the tuned compiles again, their kernels cached: by
+    # size, each repetition's that compiled a range there.
+    cached: dict[int, list[FirstCall]] = collections.defaultdict(list)
+    for repetition in again:
+        for c in repetition.first_calls:
+            if c.compiles:
+                cached[c.tokens].append(c)
     rows = []
     singles = (*bench.implementations, "default")
     for tokens in bench.tokens:
@@ -748,10 +759,15 @@ def run_mode(
                     "range": range_of(ladder, call.tokens),
                     **(
                         {
-                            "untuned_compile_s": written_in[call.tokens].warm.compile_s,
-                            "untuned_phases": written_in[
-                                call.tokens
-                            ].warm.compile_phases,
+                            "untuned_compile_s": statistics.median(
+                                v.compile_s for v in written_in[call.tokens].warm
+                            ),
+                            "untuned_compile_s_repeats": [
+                                v.compile_s for v in written_in[call.tokens].warm
+                            ],
+                            "untuned_phases": written_in[call.tokens]
+                            .warm[0]
+                            .compile_phases,
                             "untuned_cold_compile_s": written_in[
                                 call.tokens
                             ].cold.compile_s,
@@ -764,8 +780,13 @@ def run_mode(
                     ),
                     **(
                         {
-                            "cached_compile_s": cached[call.tokens].seconds,
-                            "cached_phases": cached[call.tokens].phases,
+                            "cached_compile_s": statistics.median(
+                                c.seconds for c in cached[call.tokens]
+                            ),
+                            "cached_compile_s_repeats": [
+                                c.seconds for c in cached[call.tokens]
+                            ],
+                            "cached_phases": cached[call.tokens][0].phases,
                         }
                         if call.compiles and call.tokens in cached
                         else {}
@@ -793,42 +814,52 @@ def run_mode(
             },
             "compile_s": {
                 "dynamic_tuned": variants["dynamic"].compile_s,
-                "dynamic_tuned_again": again.compile_s,
-                "dynamic_untuned": untuned.compile_s,
-                "dynamic_tuned_fresh": fresh[True].compile_s,
-                "dynamic_untuned_fresh": fresh[False].compile_s,
+                "dynamic_tuned_again": median_s(again),
+                "dynamic_untuned": median_s(untuned),
+                "dynamic_tuned_fresh": median_s(fresh[True]),
+                "dynamic_untuned_fresh": median_s(fresh[False]),
                 # Each variant's compile (the first call at its first size).
                 **{f"variant_{k}": v.compile_s for k, v in variants.items()},
             },
             # Where those seconds went (rank 0's timed phases; nested ones overlap).
             "compile_phases": {
                 "dynamic_tuned": variants["dynamic"].compile_phases,
-                "dynamic_tuned_again": again.compile_phases,
-                "dynamic_untuned": untuned.compile_phases,
-                "dynamic_tuned_fresh": fresh[True].compile_phases,
-                "dynamic_untuned_fresh": fresh[False].compile_phases,
+                "dynamic_tuned_again": again[0].compile_phases,
+                "dynamic_untuned": untuned[0].compile_phases,
+                "dynamic_tuned_fresh": fresh[True][0].compile_phases,
+                "dynamic_untuned_fresh": fresh[False][0].compile_phases,
             },
             # Where the decisions' seconds went (rank 0's, per range; see
             # decision_costs).
             "decision_costs": {
                 "dynamic_tuned": variants["dynamic"].decision_costs,
-                "dynamic_tuned_again": again.decision_costs,
-                "dynamic_tuned_fresh": fresh[True].decision_costs,
+                "dynamic_tuned_again": again[0].decision_costs,
+                "dynamic_tuned_fresh": fresh[True][0].decision_costs,
             },
             **(
                 {
                     "compile_profiles": {
                         "dynamic_tuned": variants["dynamic"].compile_profile,
-                        "dynamic_tuned_again": again.compile_profile,
-                        "dynamic_untuned": untuned.compile_profile,
+                        "dynamic_tuned_again": again[0].compile_profile,
+                        "dynamic_untuned": untuned[0].compile_profile,
                     }
                 }
                 if PROFILE_COMPILES
                 else {}
             ),
-            "extra_compile_s": variants["dynamic"].compile_s - untuned.compile_s,
-            "extra_compile_again_s": again.compile_s - untuned.compile_s,
-            "extra_compile_fresh_s": fresh[True].compile_s - fresh[False].compile_s,
+            # Each repetition's seconds (the medians above are the goals').
+            "compile_s_repeats": {
+                "dynamic_tuned_again": [v.compile_s for v in again],
+                "dynamic_untuned": [v.compile_s for v in untuned],
+                "dynamic_tuned_fresh": [v.compile_s for v in fresh[True]],
+                "dynamic_untuned_fresh": [v.compile_s for v in fresh[False]],
+            },
+            "extra_compile_s": variants["dynamic"].compile_s - median_s(untuned),
+            "extra_compile_again_s": median_s(again) - median_s(untuned),
+            # Paired by repetition (tuned, then untuned, each on fresh caches).
+            "extra_compile_fresh_s": statistics.median(
+                t.compile_s - u.compile_s for t, u in zip(fresh[True], fresh[False])
+            ),
             **({"kernels": breakdown} if breakdown else {}),
         }
     )
@@ -850,11 +881,14 @@ def further_ranges_untuned(
     at 100 tokens, 1.0 s at 16384 on 2 H200s): a compile first called at another size
     is no yardstick of the range's.
 
-    Each is compiled twice: as the process's caches stand (by now they hold the kernels
-    of every variant, so its Triton compiles and launch-configuration timings are mostly
-    hits), and on fresh caches (``fresh_cache``), cold as the range graph's own kernels
-    were: the warm-up compiles each range graph before any other variant, and a range
-    graph's kernels are its own (compiled for its size range and hints).
+    Each is compiled as the process's caches stand (by now they hold the kernels of
+    every variant, so its Triton compiles and launch-configuration timings are mostly
+    hits; COMPILE_REPEATS times), set against the range graph compiled again with its
+    kernels cached; and once on fresh caches (``fresh_cache``), set against the range
+    graph's first compile, whose kernels were cold. That one is no like with like: the
+    compile workers' caches outlive ``fresh_cache``, and the written-in variants built
+    the same kernels before it (on 2 H200s it waited 0.00-0.08 s for kernels, the range
+    graph 0.16-0.38 s).
     """
     untuned = {}
     for call in variants["dynamic"].first_calls:
@@ -862,31 +896,38 @@ def further_ranges_untuned(
             continue
         winner = range_of(ladder, call.tokens).split(" ", 1)[-1]
         name = winner if winner in WRITTEN_IN else "default"
-        compiles = []
-        for caches in (contextlib.nullcontext, fresh_cache):
-            with caches():
-                compiles.append(
-                    written_in_variant(
-                        bench,
-                        mode,
-                        layers,
-                        name,
-                        fresh_group(),
-                        device,
-                        [call.tokens],
-                        call.tokens,
-                    )
-                )
-        untuned[call.tokens] = UntunedRange(*compiles)
+
+        def compile_range() -> Variant:
+            return written_in_variant(
+                bench,
+                mode,
+                layers,
+                name,
+                fresh_group(),
+                device,
+                [call.tokens],
+                call.tokens,
+            )
+
+        warm = [compile_range() for _ in range(COMPILE_REPEATS)]
+        with fresh_cache():
+            cold = compile_range()
+        untuned[call.tokens] = UntunedRange(warm, cold)
     return untuned
 
 
 @dataclasses.dataclass(frozen=True)
 class UntunedRange:
-    """A range's untuned model compiled as the process's caches stand, and cold."""
+    """A range's untuned model compiled as the process's caches stand (each
+    repetition's), and cold."""
 
-    warm: Variant
+    warm: list[Variant]
     cold: Variant
+
+
+def median_s(variants: Sequence[Variant]) -> float:
+    """The median of the variants' compile seconds."""
+    return statistics.median(v.compile_s for v in variants)
 
 
 def range_of(ladder: list[tuple[str, str, str]], tokens: int) -> str:
@@ -1091,8 +1132,8 @@ def summary(result: dict[str, Any]) -> str:
                 if worst_range
                 else "no further range"
             ),
-            "  the same with kernels cached (a second tuned compile's further ranges against "
-            "the untuned compile on the process's caches): "
+            "  the same with kernels cached (the tuned compiles again: their further ranges "
+            "against the untuned compile on the process's caches, medians): "
             + (
                 f"worst {worst_cached['cached_compile_s']:.2f} s against "
                 f"{worst_cached['untuned_compile_s']:.2f} s at {worst_cached['tokens']} tokens "
