@@ -461,6 +461,41 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         assert size == 7 and second is y
         torch.testing.assert_close(first, -x)
 
+    def test_an_inlined_graph_is_left_alone_while_collective_autotuning_is_off(self):
+        from unittest import mock
+
+        from torch._inductor import config
+        from torch._inductor.kernel.collective import choice_modules
+
+        # A choice that all-reduces its first input: patch 0006's hook asks whether the
+        # call site owns that input, unless collective autotuning is off.
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        reduced = graph.call_function(
+            torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
+        )
+        graph.output(
+            graph.call_function(
+                torch.ops._c10d_functional.wait_tensor.default, (reduced,)
+            )
+        )
+        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+        asked = []
+
+        def neighbours_of_site(inputs):
+            asked.append(inputs)
+            return Neighbours()
+
+        with mock.patch.object(
+            choice_modules, "neighbours_of_site", neighbours_of_site
+        ):
+            with config.patch(collective_autotune=False):
+                assert choice_modules.to_inline(gm, ["site"]) is gm
+            assert asked == []
+            with config.patch(collective_autotune=True):
+                assert choice_modules.to_inline(gm, ["site"]) is gm  # not owned
+            assert asked == [["site"]]
+
     def test_default_mode_times_a_keys_choices_as_traced_all_or_none(self):
         import types
 
