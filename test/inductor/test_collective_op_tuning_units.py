@@ -35,7 +35,10 @@ from torch._inductor.kernel.collective.graph_sessions import (
 )
 from torch._inductor.runtime.collective_benchmarking import (
     _EAGER_LEAD_IN_US,
+    _graph_calls,
     _lead_in_calls,
+    _MIN_GRAPH_CALLS,
+    _MIN_LONG_GRAPH_CALLS,
     _MAX_CALLS_PER_SAMPLE,
     _status,
     BenchmarkSettings,
@@ -234,6 +237,17 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         assert _lead_in_calls(_EAGER_LEAD_IN_US * 1.5) == 0
         assert _lead_in_calls(1e-6) == _MAX_CALLS_PER_SAMPLE
         assert _lead_in_calls(math.inf) == 0 and _lead_in_calls(0.0) == 0
+
+    def test_a_captured_batch_holds_many_calls_unless_one_call_lasts_a_sample(self):
+        # A call shorter than a sample keeps the floor, however long it read.
+        assert _graph_calls(500.0, 10.0) == 50
+        assert _graph_calls(500.0, 150.0) == _MIN_GRAPH_CALLS
+        assert _graph_calls(500.0, 499.0) == _MIN_GRAPH_CALLS
+        # A call as long as a sample: a few back to back time it (a first call that
+        # paid once is captured again from its first replay's share, which reads short).
+        assert _graph_calls(500.0, 500.0) == _MIN_LONG_GRAPH_CALLS
+        assert _graph_calls(500.0, 924.0) == _MIN_LONG_GRAPH_CALLS < _MIN_GRAPH_CALLS
+        assert _graph_calls(500.0, math.inf) == _MIN_GRAPH_CALLS
 
     def test_a_screen_status_reads_the_same_from_every_ranks_verdicts(self):
         ok, wrong = (

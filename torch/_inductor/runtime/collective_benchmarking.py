@@ -129,8 +129,20 @@ _SYMMETRIC_MEMORY_NAMESPACE = "symm_mem"
 # Bounds on calls per eager sample and per captured batch, whatever the estimates say.
 _MAX_CALLS_PER_SAMPLE = 1024
 # Fewest calls per captured batch: a replay's launch costs a few microseconds, which a
-# batch of many calls makes a small part of each call.
+# batch of many calls makes a small part of each call. A batch is sized from the choice's
+# first (eager) call, whose time at small sizes is mostly the host's launches (60-150 us
+# for a 10 us collective on 2 H200s): this floor, not the sample's length, is what holds
+# those batches to at least 8 calls (with a floor of 2, one-shot's reading at 1-16 tokens
+# rose by 1.9 us and the op's own won 5-16 tokens, 11% slower in the model).
 _MIN_GRAPH_CALLS = 8
+# A choice whose first call lasted a sample (graph_sample_us) is captured with two calls,
+# back to back as a model's layers call the op: eight made the 16384-token range of the
+# serving model 0.14-0.20 s of a ladder's tuning on 2-4 H200s (0.6-0.9 ms per call). A
+# first call's time does not tell a long call from one that paid once (symmetric-memory
+# kernels at 1-16 tokens on 2 H200s: two-call batches read them 2 us high and moved the
+# picks): where the first replay shows a call shorter than a sample, the choice is
+# captured again, sized from that replay, and its first sample dropped.
+_MIN_LONG_GRAPH_CALLS = 2
 # Rounds before the first comparison across ranks (quartiles need a few samples);
 # host-paced eager samples on GPUs jitter more.
 _MIN_ROUNDS = 3
@@ -440,6 +452,9 @@ class _Batch:
     timed: Callable[[], Any]
     graph: bool
     lead_in: int = 0
+    # A captured batch sized from a first call that lasted a sample: checked against its
+    # first replay (see _MIN_LONG_GRAPH_CALLS).
+    from_long_first_call: bool = False
 
 
 class CollectiveBenchmarker:
@@ -686,7 +701,7 @@ class CollectiveBenchmarker:
         """The fewest calls that time a choice of ``per_call_us``: what sizes its
         samples, then the first rounds (a rendezvous call and a sample each)."""
         if self.mode == "graph":
-            calls = _calls(self.settings.graph_sample_us, per_call_us, _MIN_GRAPH_CALLS)
+            calls = _graph_calls(self.settings.graph_sample_us, per_call_us)
             return calls + self._min_rounds * 2 * calls
         calls = _calls(self.settings.sample_us, per_call_us, 1)
         lead_in = self._lead_in(per_call_us)
@@ -711,13 +726,16 @@ class CollectiveBenchmarker:
             # The screen's times are the slowest rank's: every rank captures as many
             # calls.
             calls = [
-                _calls(self.settings.graph_sample_us, t, _MIN_GRAPH_CALLS)
-                for t in first_call_us
+                _graph_calls(self.settings.graph_sample_us, t) for t in first_call_us
             ]
             for i, graph in self._capture(candidates, live, calls).items():
                 if graph is not None:
                     batches[i] = _Batch(
-                        calls[i], graph.replay, graph.replay, graph=True
+                        calls[i],
+                        graph.replay,
+                        graph.replay,
+                        graph=True,
+                        from_long_first_call=calls[i] < _MIN_GRAPH_CALLS,
                     )
             eager = [i for i in live if batches[i] is None]
             if eager:
@@ -759,18 +777,62 @@ class CollectiveBenchmarker:
         skews: list[list[float]] = [[] for _ in candidates]
         live = [i for i, b in enumerate(batches) if b is not None]
         rounds = self._rounds(batches, first_call_us)
-        for _ in range(rounds):
+        for round_index in range(rounds):
             if not live:
                 break
             times, skew = self._round(batches, live, contention)
             for i in live:
                 samples[i].append(times[i])
                 skews[i].append(skew[i])
+            if round_index == 0:
+                for i in self._resize_short_calls(candidates, batches, live, times):
+                    samples[i].clear()
+                    skews[i].clear()
             if len(samples[live[0]]) >= self._min_rounds and len(live) > 1:
                 live, settled = self._prune(candidates, samples, live, keep)
                 if settled:
                     break
         return samples, skews
+
+    def _resize_short_calls(
+        self,
+        candidates: Sequence[Candidate],
+        batches: list[_Batch | None],
+        live: list[int],
+        times: dict[int, float],
+    ) -> list[int]:
+        """The batches captured from a long first call whose first replay, on the
+        slowest rank, showed a call shorter than a sample: captured again with as many
+        calls as that replay asks for (:func:`_graph_calls`), identical on every rank.
+        Returns their indices (their first sample is not one of the new batch's)."""
+        checked = [
+            i
+            for i in live
+            if (b := batches[i]) is not None and b.graph and b.from_long_first_call
+        ]
+        if not checked:  # the same on every rank: the batches are sized alike
+            return []
+        sample_us = self.settings.graph_sample_us
+        slowest = self._all_reduce_max(
+            [times[i] if i in checked else 0.0 for i in range(len(candidates))]
+        )
+        calls = [_graph_calls(sample_us, t) for t in slowest]
+        captured = {i: b.calls for i in checked if (b := batches[i]) is not None}
+        short = [i for i in checked if calls[i] > captured[i]]
+        if not short:
+            return []
+        log.debug(
+            "capturing %s again: their first replays took %s us per call, shorter "
+            "than a sample",
+            [candidates[i].name for i in short],
+            [round(slowest[i], 2) for i in short],
+        )
+        resized = []
+        for i, graph in self._capture(candidates, short, calls).items():
+            if graph is not None:  # else the two-call batch stays, on every rank
+                batches[i] = _Batch(calls[i], graph.replay, graph.replay, graph=True)
+                resized.append(i)
+        return resized
 
     def _rounds(self, batches: list[_Batch | None], first_call_us: list[float]) -> int:
         """How many rounds fit the budget: every choice's calls within
@@ -1202,6 +1264,17 @@ def _calls(sample_us: float, per_call_us: float, fewest: int) -> int:
     if not (math.isfinite(per_call_us) and per_call_us > 0):
         return fewest
     return max(fewest, min(_MAX_CALLS_PER_SAMPLE, math.ceil(sample_us / per_call_us)))
+
+
+def _graph_calls(sample_us: float, per_call_us: float) -> int:
+    """Calls per captured batch of a choice whose call took ``per_call_us`` (its first
+    call, or its share of its first replay; the slowest rank's, so the same on every
+    rank): ``sample_us`` of them, at least _MIN_GRAPH_CALLS, or _MIN_LONG_GRAPH_CALLS
+    where that one call lasted a sample."""
+    long = math.isfinite(per_call_us) and per_call_us >= sample_us
+    return _calls(
+        sample_us, per_call_us, _MIN_LONG_GRAPH_CALLS if long else _MIN_GRAPH_CALLS
+    )
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
