@@ -36,6 +36,7 @@ from torch._inductor.kernel.collective.graph_sessions import (
 from torch._inductor.runtime.collective_benchmarking import (
     _EAGER_LEAD_IN_US,
     _graph_calls,
+    _recaptured_calls,
     _lead_in_calls,
     _MIN_GRAPH_CALLS,
     _MIN_LONG_GRAPH_CALLS,
@@ -248,6 +249,11 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         assert _graph_calls(500.0, 500.0) == _MIN_LONG_GRAPH_CALLS
         assert _graph_calls(500.0, 924.0) == _MIN_LONG_GRAPH_CALLS < _MIN_GRAPH_CALLS
         assert _graph_calls(500.0, math.inf) == _MIN_GRAPH_CALLS
+        # Captured again from its first replay: the floor, as its rivals sized from
+        # their eager first calls get at small sizes, never more calls than they.
+        assert _recaptured_calls(500.0, 10.0) == _MIN_GRAPH_CALLS
+        assert _recaptured_calls(500.0, 499.0) == _MIN_GRAPH_CALLS
+        assert _recaptured_calls(500.0, 600.0) == _MIN_LONG_GRAPH_CALLS
 
     def test_a_screen_status_reads_the_same_from_every_ranks_verdicts(self):
         ok, wrong = (

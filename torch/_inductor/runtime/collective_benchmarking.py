@@ -141,7 +141,8 @@ _MIN_GRAPH_CALLS = 8
 # first call's time does not tell a long call from one that paid once (symmetric-memory
 # kernels at 1-16 tokens on 2 H200s: two-call batches read them 2 us high and moved the
 # picks): where the first replay shows a call shorter than a sample, the choice is
-# captured again, sized from that replay, and its first sample dropped.
+# captured again with the floor's calls, as its first call would have sized it before,
+# and its first sample dropped (see _recaptured_calls).
 _MIN_LONG_GRAPH_CALLS = 2
 # Rounds before the first comparison across ranks (quartiles need a few samples);
 # host-paced eager samples on GPUs jitter more.
@@ -802,9 +803,9 @@ class CollectiveBenchmarker:
         times: dict[int, float],
     ) -> list[int]:
         """The batches captured from a long first call whose first replay, on the
-        slowest rank, showed a call shorter than a sample: captured again with as many
-        calls as that replay asks for (:func:`_graph_calls`), identical on every rank.
-        Returns their indices (their first sample is not one of the new batch's)."""
+        slowest rank, showed a call shorter than a sample: captured again
+        (:func:`_recaptured_calls`), identical on every rank. Returns their indices
+        (their first sample is not one of the new batch's)."""
         checked = [
             i
             for i in live
@@ -816,7 +817,7 @@ class CollectiveBenchmarker:
         slowest = self._all_reduce_max(
             [times[i] if i in checked else 0.0 for i in range(len(candidates))]
         )
-        calls = [_graph_calls(sample_us, t) for t in slowest]
+        calls = [_recaptured_calls(sample_us, t) for t in slowest]
         captured = {i: b.calls for i in checked if (b := batches[i]) is not None}
         short = [i for i in checked if calls[i] > captured[i]]
         if not short:
@@ -1275,6 +1276,20 @@ def _graph_calls(sample_us: float, per_call_us: float) -> int:
     return _calls(
         sample_us, per_call_us, _MIN_LONG_GRAPH_CALLS if long else _MIN_GRAPH_CALLS
     )
+
+
+def _recaptured_calls(sample_us: float, replay_per_call_us: float) -> int:
+    """Calls per captured batch of a choice whose first call lasted a sample, from its
+    share per call of its first replay (the slowest rank's): two where the call does
+    too; else the floor, the calls its first call gave it before it was checked. Not
+    ``sample_us / replay_per_call_us``: its rivals are sized from their first (eager)
+    calls, which at small sizes take several times a replayed call, so sizing it from
+    a replay would give it more calls per batch than them and less launch per call (on
+    2 H200s the symmetric-memory kernels read 0.5 us lower at 1-64 tokens, the op's
+    own as before)."""
+    if replay_per_call_us >= sample_us:
+        return _MIN_LONG_GRAPH_CALLS
+    return _MIN_GRAPH_CALLS
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
