@@ -1268,10 +1268,10 @@ def _calls(sample_us: float, per_call_us: float, fewest: int) -> int:
 
 
 def _graph_calls(sample_us: float, per_call_us: float) -> int:
-    """Calls per captured batch of a choice whose call took ``per_call_us`` (its first
-    call, or its share of its first replay; the slowest rank's, so the same on every
-    rank): ``sample_us`` of them, at least _MIN_GRAPH_CALLS, or _MIN_LONG_GRAPH_CALLS
-    where that one call lasted a sample."""
+    """Calls per captured batch of a choice whose first call took ``per_call_us`` (the
+    slowest rank's, so the same on every rank): ``sample_us`` of them, at least
+    _MIN_GRAPH_CALLS, or _MIN_LONG_GRAPH_CALLS where that one call lasted a sample
+    (checked against the first replay: :func:`_recaptured_calls`)."""
     long = math.isfinite(per_call_us) and per_call_us >= sample_us
     return _calls(
         sample_us, per_call_us, _MIN_LONG_GRAPH_CALLS if long else _MIN_GRAPH_CALLS
