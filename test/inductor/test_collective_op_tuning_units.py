@@ -102,6 +102,19 @@ def _targets(gm: torch.fx.GraphModule) -> list[str]:
 # -- code identity ---------------------------------------------------------------------------
 
 
+def _all_reduce_graph() -> torch.fx.GraphModule:
+    """A graph that all-reduces its input with a functional collective and waits."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    reduced = graph.call_function(
+        torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
+    )
+    graph.output(
+        graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,))
+    )
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
 def _factory(scale: float, offset=None):
     def impl(x):
         y = x * scale
@@ -489,17 +502,7 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
 
         # A choice that all-reduces its first input: patch 0006's hook asks whether the
         # call site owns that input, unless collective autotuning is off.
-        graph = torch.fx.Graph()
-        x = graph.placeholder("x")
-        reduced = graph.call_function(
-            torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
-        )
-        graph.output(
-            graph.call_function(
-                torch.ops._c10d_functional.wait_tensor.default, (reduced,)
-            )
-        )
-        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+        gm = _all_reduce_graph()
         asked = []
 
         def neighbours_of_site(inputs):
@@ -871,17 +874,7 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         )
         assert collective_calls(gm) == []
         # An implementation that calls a functional collective is one.
-        graph = torch.fx.Graph()
-        x = graph.placeholder("x")
-        reduced = graph.call_function(
-            torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0")
-        )
-        graph.output(
-            graph.call_function(
-                torch.ops._c10d_functional.wait_tensor.default, (reduced,)
-            )
-        )
-        calls = collective_calls(torch.fx.GraphModule(torch.nn.Module(), graph))
+        calls = collective_calls(_all_reduce_graph())
         assert [n.target for n in calls] == [
             torch.ops._c10d_functional.all_reduce.default
         ]
