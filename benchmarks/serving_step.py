@@ -759,9 +759,7 @@ def run_mode(
                     "range": range_of(ladder, call.tokens),
                     **(
                         {
-                            "untuned_compile_s": statistics.median(
-                                v.compile_s for v in written_in[call.tokens].warm
-                            ),
+                            "untuned_compile_s": median_s(written_in[call.tokens].warm),
                             "untuned_compile_s_repeats": [
                                 v.compile_s for v in written_in[call.tokens].warm
                             ],
