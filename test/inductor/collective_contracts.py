@@ -580,6 +580,31 @@ def check_guards_are_refused() -> None:
     raise ContractBroken("a guard inside error_on_new_guards() did not raise")
 
 
+def check_guards_lengthen_the_guard_list() -> None:
+    """A guard a ShapeEnv adds lengthens ShapeEnv.guards: a collective op's choices are
+    traced again after a new guard of the graph (choices.traced_once counts them)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    size = env.create_symintnode(env.create_symbol(8, source=_source()), hint=8)
+    guards = len(env.guards)
+    bool(size > 4)
+    if len(env.guards) <= guards:
+        raise ContractBroken("a guard added did not lengthen ShapeEnv.guards")
+
+
+def break_guard_list() -> contextlib.AbstractContextManager[Any]:
+    """ShapeEnv keeping its guards elsewhere: its ``guards`` stays empty."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return mock.patch.object(
+        ShapeEnv,
+        "guards",
+        property(lambda self: [], lambda self, value: None),
+        create=True,
+    )
+
+
 def _source() -> Any:
     from torch._dynamo.source import ConstantSource
 
@@ -2015,6 +2040,12 @@ CONTRACTS: list[Contract] = [
         ),
     ),
     # Upstream internals used as they are.
+    Contract(
+        "a guard lengthens ShapeEnv.guards",
+        "choices.traced_once",
+        check_guards_lengthen_the_guard_list,
+        break_guard_list,
+    ),
     Contract(
         "Dynamo runs registered compile callbacks",
         "collective/dynamo_callbacks.py",

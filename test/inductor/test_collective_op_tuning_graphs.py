@@ -222,6 +222,7 @@ def sized_calls_body(
     start = len(collective_autotune_records())
     builds = counters["inductor"]["collective_autotune_range_builds"]
     dispatch_traces = counters["inductor"]["collective_autotune_dispatch_traces"]
+    choice_traces = counters["inductor"]["collective_autotune_choice_traces"]
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
     ran = {}
@@ -240,6 +241,8 @@ def sized_calls_body(
         "builds": counters["inductor"]["collective_autotune_range_builds"] - builds,
         "dispatch_traces": counters["inductor"]["collective_autotune_dispatch_traces"]
         - dispatch_traces,
+        "choice_traces": counters["inductor"]["collective_autotune_choice_traces"]
+        - choice_traces,
         # How many of this compile's decisions were recorded at each trace of per_row_cost.
         "per_row_cost_traced_at": [
             n - start for n in ops.traced_at.get("per_row_cost", ()) if n >= start
@@ -781,6 +784,9 @@ class TestGraphSessions(CollectiveTestCase):
         assert a["per_row_cost_traced_at"] and max(a["per_row_cost_traced_at"]) < 5
         # Their dispatch, alike at every site, is traced once and copied.
         assert a["dispatch_traces"] == b["dispatch_traces"] == 1
+        # So is each implementation: the first site's five ranges trace it on the same
+        # symbolic inputs, and the ranges after the first take a copy.
+        assert a["choice_traces"] == b["choice_traces"] == 3
 
     @parametrize("device", DEVICE_CASES)
     def test_forward_and_backward_dispatch_by_size_from_one_compile(self, device):

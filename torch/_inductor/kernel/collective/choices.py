@@ -13,12 +13,14 @@ back to.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
 import inspect
 import logging
 import types
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -284,12 +286,32 @@ def own_waits(op: torch._ops.OpOverload | None) -> Waits:
     return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
 
 
+# Per graph being lowered, each implementation guarded once, by (implementation, op):
+# its every range at every call site shares the wrapper, and with it the wrapper's
+# traces (:func:`traced_once`) and its ``trace_failure``.
+_guarded: weakref.WeakKeyDictionary[
+    Any, dict[tuple[Callable[..., Any], Any], Callable[..., Any]]
+] = weakref.WeakKeyDictionary()
+
+
 def guarded_implementation(
     decomposition: Callable[..., Any], op: torch._ops.OpOverload
 ) -> Callable[..., Any]:
     """``decomposition``, waiting for the functional collectives it did not wait for
     (collective/waits.py:with_waits), and traced as the op itself where it raises while
-    traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
+    traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`); one
+    wrapper per graph being lowered."""
+    from torch._inductor.virtualized import V
+
+    wrappers = _guarded.setdefault(V.graph, {})
+    if (decomposition, op) not in wrappers:
+        wrappers[decomposition, op] = _guarded_implementation(decomposition, op)
+    return wrappers[decomposition, op]
+
+
+def _guarded_implementation(
+    decomposition: Callable[..., Any], op: torch._ops.OpOverload
+) -> Callable[..., Any]:
     from torch.fx.experimental import symbolic_shapes
 
     # Upstream skips implementations that add guards (it raises these while it
@@ -314,7 +336,55 @@ def guarded_implementation(
             return instead(*args, **kwargs)
 
     guarded.trace_failure = ""  # type: ignore[attr-defined]
+    guarded.traces = {}  # type: ignore[attr-defined]  # see traced_once
     return guarded
+
+
+def traced_once(
+    trace: Callable[..., torch.fx.GraphModule],
+    implementation: Callable[..., Any],
+    kwargs: dict[str, Any],
+) -> Callable[..., torch.fx.GraphModule]:
+    """Upstream's ``trace`` of a choice (make_fx of ``implementation`` with ``kwargs``,
+    called on the call site's symbolic inputs), or, for a collective op's
+    implementation (:func:`guarded_implementation`), ``trace`` once per graph and input
+    layout: later calls take a copy of the first's trace.
+
+    Upstream traces every range of a ladder's choices on the same symbolic inputs, so
+    each range after the first (eight by default) traced each implementation again, to
+    the same graph. A new guard of the graph's shape environment (a range graph's range,
+    say) may change what a trace takes, and traces again. Counted in
+    ``counters["inductor"]["collective_autotune_choice_traces"]``."""
+    traces = getattr(implementation, "traces", None)
+    if traces is None:  # not a collective op's implementation
+        return trace
+
+    def once(*inputs: Any) -> torch.fx.GraphModule:
+        from torch._dynamo.utils import counters
+        from torch._inductor.virtualized import V
+
+        key = (
+            repr(sorted(kwargs.items())),
+            tuple(
+                (str(t.shape), str(t.stride()), t.dtype, t.device)
+                if isinstance(t, torch.Tensor)
+                else repr(t)
+                for t in inputs
+            ),
+            len(V.graph.sizevars.shape_env.guards),
+        )
+        if key not in traces:
+            counters["inductor"]["collective_autotune_choice_traces"] += 1
+            traces[key] = trace(*inputs)
+        return copied_graph(traces[key])
+
+    return once
+
+
+def copied_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with a copy of its graph (its nodes' metadata copied shallowly), for a
+    caller that changes the graph or its metadata."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def trace_failure(choice: ChoiceCaller) -> str:

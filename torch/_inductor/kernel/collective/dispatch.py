@@ -24,7 +24,6 @@ range's size.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -44,6 +43,7 @@ from torch._inductor.kernel.collective.choice_modules import (
     Neighbours,
     Stage,
 )
+from torch._inductor.kernel.collective.choices import copied_graph
 from torch._inductor.kernel.collective.detection import names_a_collective, op_name
 from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
@@ -590,8 +590,8 @@ def _traced_dispatch_of(
         traced[key] = _traced_dispatch(
             _dispatch_from(branches, 0, dim, runtime_kwargs), tensor_inputs
         )
-    # The graph copied (its nodes' metadata shallowly): each site renames its branches.
-    return torch.fx.GraphModule(traced[key], copy.deepcopy(traced[key].graph))
+    # The graph copied: each site renames its branches.
+    return copied_graph(traced[key])
 
 
 def _traced_dispatch(

@@ -59,6 +59,7 @@ from torch._inductor.kernel.collective.choices import (
     schema_arguments,
     the_op_itself,
     trace_failure,
+    traced_once,
 )
 from torch._inductor.kernel.collective.detection import (
     collective_calls,
@@ -114,6 +115,7 @@ __all__ = [
     "prepare_choices",
     "select_collective_choice",
     "to_inline",
+    "traced_once",
 ]
 
 log = logging.getLogger(__name__)
