@@ -784,9 +784,11 @@ class TestGraphSessions(CollectiveTestCase):
         assert a["per_row_cost_traced_at"] and max(a["per_row_cost_traced_at"]) < 5
         # Their dispatch, alike at every site, is traced once and copied.
         assert a["dispatch_traces"] == b["dispatch_traces"] == 1
-        # So is each implementation: the first site's five ranges trace it on the same
-        # symbolic inputs, and the ranges after the first take a copy.
-        assert a["choice_traces"] == b["choice_traces"] == 3
+        # So is each of the three implementations where the first site's five ranges
+        # trace it on the same symbolic inputs (torch 2.13 on): the ranges after the first
+        # take a copy. torch 2.11 traces each range at its own size.
+        traces = 3 if torch.__version__ >= (2, 13) else 3 * 5
+        assert a["choice_traces"] == b["choice_traces"] == traces
 
     @parametrize("device", DEVICE_CASES)
     def test_forward_and_backward_dispatch_by_size_from_one_compile(self, device):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel.collective.detection import op_name
+from torch._inductor.kernel.collective.detection import names_a_collective, op_name
 from torch._inductor.kernel.collective.records import cleared_with_inductor_caches
 from torch._inductor.kernel.collective.waits import (
     OwnImplementation,
@@ -312,6 +312,7 @@ def guarded_implementation(
 def _guarded_implementation(
     decomposition: Callable[..., Any], op: torch._ops.OpOverload
 ) -> Callable[..., Any]:
+    from torch._inductor import config
     from torch.fx.experimental import symbolic_shapes
 
     # Upstream skips implementations that add guards (it raises these while it
@@ -336,7 +337,11 @@ def _guarded_implementation(
             return instead(*args, **kwargs)
 
     guarded.trace_failure = ""  # type: ignore[attr-defined]
-    guarded.traces = {}  # type: ignore[attr-defined]  # see traced_once
+    # Shared traces (traced_once) for a collective op tuned by the group only: any other
+    # op's choices are traced as upstream traces them.
+    guarded.traces = (  # type: ignore[attr-defined]
+        {} if config.collective_autotune and names_a_collective(op) else None
+    )
     return guarded
 
 
@@ -346,9 +351,10 @@ def traced_once(
     kwargs: dict[str, Any],
 ) -> Callable[..., torch.fx.GraphModule]:
     """Upstream's ``trace`` of a choice (make_fx of ``implementation`` with ``kwargs``,
-    called on the call site's symbolic inputs), or, for a collective op's
-    implementation (:func:`guarded_implementation`), ``trace`` once per graph and input
-    layout: later calls take a copy of the first's trace.
+    called on the call site's symbolic inputs), or, for an implementation of a
+    collective op while collective autotuning is on (:func:`guarded_implementation`),
+    ``trace`` once per graph and input layout: later calls take a copy of the first's
+    trace.
 
     Upstream traces every range of a ladder's choices on the same symbolic inputs, so
     each range after the first (eight by default) traced each implementation again, to
