@@ -42,6 +42,7 @@ common.fresh_state()
 import torch
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch._dynamo.utils import counters
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
 from common import (
@@ -117,6 +118,7 @@ def compile_s(
 def repetition(layers: int) -> dict[str, Any]:
     group = dist.new_group(list(range(dist.get_world_size()))).group_name
     start = len(collective_autotune_records())
+    traces = counters["inductor"]["collective_autotune_choice_traces"]
     sizes = (FIRST_ROWS, *OTHER_ROWS)
     tuned, graphs = compile_s(model_of(ops.all_reduce, layers, group), sizes, True)
     records = collective_autotune_records()[start:]
@@ -132,6 +134,11 @@ def repetition(layers: int) -> dict[str, Any]:
         (written_in[rows],), _ = compile_s(written, (rows,), False)
     return {
         "graphs": graphs,
+        # Tracing the choices, as the decisions' records say it, and the traces that
+        # collective autotuning counted (each implementation once per graph, torch 2.13 on).
+        "trace_s": sum(r.trace_s for r in records),
+        "choice_traces": counters["inductor"]["collective_autotune_choice_traces"]
+        - traces,
         "winners": winners,
         "tuned_s": dict(zip(sizes, tuned)),
         "written_in_s": written_in,
@@ -180,12 +187,20 @@ def run(args: argparse.Namespace) -> None:
             "first_compile_s": statistics.median(
                 r["tuned_s"][FIRST_ROWS] for r in reps
             ),
+            "trace_s": statistics.median(r["trace_s"] for r in reps),
+            "trace_s_per_repetition": [r["trace_s"] for r in reps],
+            "choice_traces_per_repetition": [r["choice_traces"] for r in reps],
             "ranges": ranges,
             "wall_s": time.perf_counter() - started,
         }
     )
     if dist.get_rank() == 0:
         write_json(args.out, result)
+        print(
+            f"first compile {result['first_compile_s']:.2f} s, tracing the choices "
+            f"{result['trace_s']:.2f} s, choice traces per compile "
+            f"{result['choice_traces_per_repetition']}"
+        )
         for r in result["ranges"]:
             print(
                 f"range graph at {r['rows']} rows ({', '.join(r['winners'])}): "
