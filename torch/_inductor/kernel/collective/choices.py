@@ -286,11 +286,10 @@ def own_waits(op: torch._ops.OpOverload | None) -> Waits:
     return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
 
 
-# Per graph being lowered, each implementation guarded once, by (implementation, op):
-# its every range at every call site shares the wrapper, and with it the wrapper's
-# traces (:func:`traced_once`) and its ``trace_failure``.
-_guarded: weakref.WeakKeyDictionary[
-    Any, dict[tuple[Callable[..., Any], Any], Callable[..., Any]]
+# Per graph being lowered, the traces of each collective op's implementation that
+# traced_once shares, by (implementation, op).
+_traces: weakref.WeakKeyDictionary[
+    Any, dict[tuple[Callable[..., Any], Any], dict[Any, Any]]
 ] = weakref.WeakKeyDictionary()
 
 
@@ -299,20 +298,7 @@ def guarded_implementation(
 ) -> Callable[..., Any]:
     """``decomposition``, waiting for the functional collectives it did not wait for
     (collective/waits.py:with_waits), and traced as the op itself where it raises while
-    traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`); one
-    wrapper per graph being lowered."""
-    from torch._inductor.virtualized import V
-
-    wrappers = _guarded.setdefault(V.graph, {})
-    if (decomposition, op) not in wrappers:
-        wrappers[decomposition, op] = _guarded_implementation(decomposition, op)
-    return wrappers[decomposition, op]
-
-
-def _guarded_implementation(
-    decomposition: Callable[..., Any], op: torch._ops.OpOverload
-) -> Callable[..., Any]:
-    from torch._inductor import config
+    traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
     from torch.fx.experimental import symbolic_shapes
 
     # Upstream skips implementations that add guards (it raises these while it
@@ -337,12 +323,22 @@ def _guarded_implementation(
             return instead(*args, **kwargs)
 
     guarded.trace_failure = ""  # type: ignore[attr-defined]
-    # Shared traces (traced_once) for a collective op tuned by the group only: any other
-    # op's choices are traced as upstream traces them.
-    guarded.traces = (  # type: ignore[attr-defined]
-        {} if config.collective_autotune and names_a_collective(op) else None
-    )
+    guarded.traces = _shared_traces(decomposition, op)  # type: ignore[attr-defined]
     return guarded
+
+
+def _shared_traces(
+    decomposition: Callable[..., Any], op: torch._ops.OpOverload
+) -> dict[Any, Any] | None:
+    """The traces of ``decomposition`` in the graph being lowered that
+    :func:`traced_once` shares, for a collective op while collective autotuning is on;
+    None for any other op, whose choices are traced as upstream traces them."""
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+
+    if not (config.collective_autotune and names_a_collective(op)):
+        return None
+    return _traces.setdefault(V.graph, {}).setdefault((decomposition, op), {})
 
 
 def traced_once(
@@ -354,7 +350,7 @@ def traced_once(
     called on the call site's symbolic inputs), or, for an implementation of a
     collective op while collective autotuning is on (:func:`guarded_implementation`),
     ``trace`` once per graph and input layout: later calls take a copy of the first's
-    trace.
+    trace, and the wrapper of each is marked as tracing marked the first.
 
     Upstream traces every range of a ladder's choices on the same symbolic inputs, so
     each range after the first (eight by default) traced each implementation again, to
@@ -381,8 +377,14 @@ def traced_once(
         )
         if key not in traces:
             counters["inductor"]["collective_autotune_choice_traces"] += 1
-            traces[key] = trace(*inputs)
-        return copied_graph(traces[key])
+            # Kept with the trace: what the trace marks (see guarded_implementation),
+            # apart from what this range's layout inference marked before it.
+            marked, implementation.trace_failure = implementation.trace_failure, ""
+            traces[key] = (trace(*inputs), implementation.trace_failure)
+            implementation.trace_failure = implementation.trace_failure or marked
+        gm, failure = traces[key]
+        implementation.trace_failure = implementation.trace_failure or failure
+        return copied_graph(gm)
 
     return once
 
