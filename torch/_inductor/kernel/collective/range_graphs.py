@@ -82,7 +82,28 @@ def range_of_this_graph(
     return _guard(size, tops), "guarded"
 
 
+# The ranges each graph being lowered knows already, by size expression and tops: what
+# the shape environment knows of a size only narrows while a graph is lowered, and every
+# layer of a model asks of the same size and tops.
+_known_ranges: weakref.WeakKeyDictionary[
+    Any, dict[tuple[str, tuple[float, ...]], GuardedRange]
+] = weakref.WeakKeyDictionary()
+
+
 def _known(size: Any, tops: Sequence[float]) -> GuardedRange | None:
+    from torch._inductor.virtualized import V
+
+    known = _known_ranges.setdefault(V.graph, {})
+    key = (str(size), tuple(sorted(tops)))
+    if key not in known:
+        found = _known_now(size, tops)
+        if found is None:
+            return None
+        known[key] = found
+    return known[key]
+
+
+def _known_now(size: Any, tops: Sequence[float]) -> GuardedRange | None:
     from torch._inductor.virtualized import V
 
     sizevars = V.graph.sizevars

@@ -188,9 +188,14 @@ def _call_site(
     """The call site of op ``name`` whose choices are ``labels`` (``implementations``
     by label, and ``op``'s own where it is known): the settings and timing mode in
     force, the code identity of each implementation, and the key of its decision."""
-    settings = BenchmarkSettings.from_config()
+    settings = _once_per_graph(("settings",), BenchmarkSettings.from_config)
     mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    code = identities(op, implementations)
+    # By identity (an implementation may be an unhashable callable), the
+    # implementations kept with their identities, so that no id is reused meanwhile.
+    code = _once_per_graph(
+        ("code", op, tuple((lbl, id(fn)) for lbl, fn in implementations)),
+        lambda: (list(implementations), identities(op, implementations)),
+    )[1]
     key = site_key(name, inputs, labels, mode, min_speedup_threshold, neighbours, code)
     return CallSite(
         name=name,
@@ -207,6 +212,25 @@ def _call_site(
         key=key,
         mutable=mutable,
     )
+
+
+# What every call site of a graph being lowered shares, by what it was computed from:
+# the settings in force and the code identities of an op's implementations. Neither
+# changes while a graph is lowered (a function changed between compiles is read again at
+# the next graph), and a ladder's range-based lowering prepares each call site once per
+# range: a range graph of a deep model would read them again for every range and layer.
+_graph_constants: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _once_per_graph(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    from torch._inductor.virtualized import V
+
+    constants = _graph_constants.setdefault(V.graph, {})
+    if key not in constants:
+        constants[key] = compute()
+    return constants[key]
 
 
 def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
