@@ -451,6 +451,7 @@ def range_graphs_body(
             dispatches = counters["inductor"]["collective_autotune_size_dispatches"]
             hits = counters["inductor"]["fxgraph_cache_hit"]
             outside = counters["inductor"]["collective_autotune_ranges_outside"]
+            traces = counters["inductor"]["collective_autotune_choice_traces"]
             recompiles = len(reasons)
             x = torch.randn(n, 4, device=r.device)
             with torch.compiler.set_stance(stance):
@@ -479,6 +480,10 @@ def range_graphs_body(
                         "collective_autotune_ranges_outside"
                     ]
                     - outside,
+                    "choice_traces": counters["inductor"][
+                        "collective_autotune_choice_traces"
+                    ]
+                    - traces,
                     "recompile_reasons": reasons[recompiles:],
                 }
             )
@@ -967,6 +972,9 @@ class TestGraphSessions(CollectiveTestCase):
                     low < start and end <= high for start, end in lowered
                 ), (call["n"], cells, lowered)
                 assert call["ranges_outside"] == 4 * (5 - len(set(lowered))), call
+                # Nor are the ranges inside traced, at the first site either: this rank
+                # holds their decisions, and the graph inlines its range's winner alone.
+                assert call["choice_traces"] == 0, call
         # One compile per range visited. (The boundaries may move by a ladder range on a
         # loaded 2-core machine: once in CI the ranges of 2 to 4 rows went to the
         # opaque op, and no call visits a range of 1 row alone.)

@@ -498,18 +498,9 @@ def agree_key(
     ranks vote. ``build`` compiles choices of this rank and ``verify`` screens a stored
     winner again; they run only where the group needs them, on every rank alike.
     """
-    settled = session.settled.get(key)
-    if settled is not None:
-        return (
-            SiteDecision(
-                Action.USE,
-                (settled.winner,),
-                SETTLED_IN_GRAPH,
-                Source.JOB,
-                settled.provisional,
-            ),
-            session,
-        )
+    known = decided_without_group(session, key, default)
+    if known is not None:
+        return known, session
     if not session.votes:
         followed = _follow(session, key, default)
         if followed is not None:
@@ -537,6 +528,28 @@ def agree_key(
             )
             return followed, session
     return _vote_key(session, report(), default, build, verify, timing_allowed), session
+
+
+def decided_without_group(
+    session: GroupSession, key: str, default: str
+) -> SiteDecision | None:
+    """The decision for ``key`` that this rank takes asking nothing of its group (no
+    vote, no Store request), so that none of the key's choices need be traced: the
+    key settled at an earlier site of this graph, or, where the session does not vote
+    (it follows an earlier compile of its plan: a range graph, say), what this rank
+    read or published for the key before. None where the key needs more."""
+    settled = session.settled.get(key)
+    if settled is not None:
+        return SiteDecision(
+            Action.USE,
+            (settled.winner,),
+            SETTLED_IN_GRAPH,
+            Source.JOB,
+            settled.provisional,
+        )
+    if session.votes or session.decisions.known(key) is None:
+        return None
+    return _follow(session, key, default)
 
 
 def _follow(session: GroupSession, key: str, default: str) -> SiteDecision | None:

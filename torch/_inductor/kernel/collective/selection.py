@@ -234,21 +234,23 @@ def _once_per_graph(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
 
 
 def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
-    """The record of a ladder range where an earlier call site of the graph being
-    lowered, fused with the same neighbours, settled its key; None otherwise.
+    """The record of a ladder range whose key the group decided already, where taking
+    the decision asks nothing of the group; None otherwise.
 
-    Then the range-based lowering needs only the winner's implementation, and no choice
-    is traced: every layer of a model after the first would otherwise trace each of its
-    ranges' winners again (eight ranges per site by default), for nothing. The session
-    settled the key on every rank alike, and using it asks nothing of the group, exactly
-    as :func:`decide_site` would.
+    That is a key an earlier call site of the graph being lowered, fused with the same
+    neighbours, settled, or, in a graph whose session follows an earlier compile of its
+    plan (a range graph), one this rank read or published before. Then the
+    range-based lowering needs only the winner's implementation, and no choice is
+    traced: every layer of a model after the first would otherwise trace each of its
+    ranges' winners again (eight ranges per site by default), and a range graph's first
+    layer its range's winner and the op's first implementation, for nothing. Every rank
+    takes the decision alike, exactly as :func:`decide_site` would.
     """
     session = graph_sessions.joined_session(site.group)
-    if (
-        session is None
-        or not dispatch.is_range(site.name)
-        or site.key not in session.settled
-    ):
+    if session is None or not dispatch.is_range(site.name):
+        return None
+    decision = graph_sessions.decided_without_group(session, site.key, DEFAULT)
+    if decision is None:
         return None
     from torch._dynamo.utils import counters
 
@@ -257,7 +259,7 @@ def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
     choice = graph_sessions.settle_key(
         session,
         site.key,
-        session.settled[site.key],
+        GroupChoice(decision.choices[0], decision.provisional),
         site.name,
         environment(site.group, site.device),
         site.code,
@@ -265,13 +267,7 @@ def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
     return _record(
         site,
         session,
-        SiteDecision(
-            Action.USE,
-            (choice.winner,),
-            graph_sessions.SETTLED_IN_GRAPH,
-            Source.JOB,
-            choice.provisional,
-        ),
+        dataclasses.replace(decision, choices=(choice.winner,)),
         (),
         choice.winner,
         started,
