@@ -672,6 +672,9 @@ def apply(install: Install, force: bool = False) -> str:
         manifest is not None
         and manifest.get("series") == minor
         and manifest.get("series_sha") == _series_sha(patches)
+        # Linked to this checkout: applied from another (an A/B of two commits on one
+        # python), the files are linked to this one.
+        and manifest.get("repo") == str(REPO)
         and manifest["links"] == links
         and not _drift(install, manifest)
     ):

@@ -458,6 +458,24 @@ def test_status_names_a_patch_changed_since_it_was_applied(tmp_path, patches_cop
     assert "STALE" not in overlay_tool.status(install)
 
 
+def test_apply_from_another_checkout_links_its_files(tmp_path, monkeypatch):
+    # Two checkouts applied in turn to one python (an A/B of two commits): the second's
+    # apply links its own files; "already applied" kept the first's, and the A/B ran
+    # one commit twice.
+    minor = _at_hand()
+    install = overlay_tool.locate(None, str(_fake_install(tmp_path / "site", minor)))
+    overlay_tool.apply(install)
+    other = tmp_path / "other"
+    shutil.copytree(
+        REPO / "torch", other / "torch", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    monkeypatch.setattr(overlay_tool, "REPO", other)
+    assert overlay_tool.apply(install).startswith("applied")
+    links = overlay_tool.our_files()
+    assert links and all((install.site / rel).resolve() == other / rel for rel in links)
+    assert overlay_tool.apply(install).startswith("already applied")
+
+
 # -- versions without a series of their own --------------------------------------------
 
 
