@@ -210,14 +210,19 @@ def run(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
+def arguments(doc: str, repeat: int) -> argparse.Namespace:
+    """The command line of a benchmark of this model: --out, --layers, --repeat."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", required=True, help="the results JSON (rank 0)")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=11)
-    run(parser.parse_args())
+    parser.add_argument("--repeat", type=int, default=repeat)
+    return parser.parse_args()
+
+
+def main() -> None:
+    run(arguments(__doc__, repeat=11))
 
 
 if __name__ == "__main__":
