@@ -243,8 +243,8 @@ def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
     range-based lowering needs only the winner's implementation, and no choice is
     traced: every layer of a model after the first would otherwise trace each of its
     ranges' winners again (eight ranges per site by default), and a range graph's first
-    layer its range's winner and the op's first implementation, for nothing. Every rank
-    takes the decision alike, exactly as :func:`decide_site` would.
+    layer its range's winner (and the op itself in the first one's place), for nothing.
+    Every rank takes the decision alike, exactly as :func:`decide_site` would.
     """
     session = graph_sessions.joined_session(site.group)
     if session is None or not dispatch.is_range(site.name):
