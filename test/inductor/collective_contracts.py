@@ -605,6 +605,25 @@ def break_guard_list() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_free_symbols_of_sizes() -> None:
+    """symbolic_shapes.free_symbols finds the symbols of a fake tensor's sizes and of a
+    list of IR sizes (sympy), and none in a fake tensor of static sizes: traced_once tells
+    torch 2.11's choices traced at a range's static size from the site's symbolic ones."""
+    import sympy
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import free_symbols, ShapeEnv
+
+    env = ShapeEnv()
+    size = env.create_symintnode(env.create_symbol(8, source=_source()), hint=8)
+    with FakeTensorMode(shape_env=env):
+        symbolic, static = torch.empty(size, 4), torch.empty(8, 4)
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    if not free_symbols([symbolic]) or not free_symbols([[s0, sympy.Integer(4)]]):
+        raise ContractBroken("free_symbols found no symbol in symbolic sizes")
+    if free_symbols([static]):
+        raise ContractBroken("free_symbols found a symbol in static sizes")
+
+
 def _source() -> Any:
     from torch._dynamo.source import ConstantSource
 
@@ -2045,6 +2064,15 @@ CONTRACTS: list[Contract] = [
         "choices.traced_once",
         check_guards_lengthen_the_guard_list,
         break_guard_list,
+    ),
+    Contract(
+        "free_symbols finds the symbols of sizes",
+        "choices.traced_once",
+        check_free_symbols_of_sizes,
+        # A range's static inputs would look like the site's symbolic ones.
+        replaced(
+            "torch.fx.experimental.symbolic_shapes.free_symbols", lambda *a: set()
+        ),
     ),
     Contract(
         "Dynamo runs registered compile callbacks",

@@ -373,6 +373,16 @@ def per_row_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch
     return mark(out, "per_row_cost")
 
 
+def per_row_cost_up_to_16(
+    x: torch.Tensor, group_name: str, delay_ms: str = "0"
+) -> torch.Tensor:
+    """per_row_cost up to 16 rows, flat_cost above: it reads its size in Python, so a
+    trace on symbolic sizes must guard it (upstream skips it from torch 2.13 on)."""
+    if x.shape[0] <= 16:
+        return per_row_cost(x, group_name)
+    return flat_cost(x, group_name)
+
+
 def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
     """The opaque op: faster than per_row_cost from 7 rows, than a 12 ms op's own below 120.
     At the ladder's sizes 1, 4, 16 and 256 the winner leads by 1.5x or more, at 64 by 1.3x

@@ -200,13 +200,18 @@ def cached_body(r: Rank, bundled: bool = False) -> dict:
 
 
 def sized_calls_body(
-    r: Rank, rows: tuple[int, ...], layers: int = 0, own_ms: str = "12"
+    r: Rank,
+    rows: tuple[int, ...],
+    layers: int = 0,
+    own_ms: str = "12",
+    range_graphs: bool = False,
 ) -> dict:
     """One dynamic compile of the all-reduce (its own implementation waits ``own_ms``),
     alone or in a stack of ``layers`` layers ``x + all_reduce(relu(x @ w))``, then a call
     at each of ``rows``: which registered choices ran, compiles, the records, and how
-    many benchmark modules the ranges compiled. Range graphs off: one graph, which
-    dispatches by size inside (their fallback; range graphs are tested below)."""
+    many benchmark modules the ranges compiled. Range graphs off unless
+    ``range_graphs``: one graph, which dispatches by size inside (their fallback; range
+    graphs are tested below)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
@@ -226,7 +231,7 @@ def sized_calls_body(
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
     ran = {}
-    with torch._inductor.config.patch(collective_autotune_range_graphs=False):
+    with torch._inductor.config.patch(collective_autotune_range_graphs=range_graphs):
         compiled(torch.randn(8, 4, device=r.device))  # compiles (and benchmarks) once
         for n in rows:
             x = torch.randn(n, 4, device=r.device)
@@ -256,6 +261,13 @@ def dynamic_body(r: Rank) -> dict:
     ops.register_all_reduce(ops.flat_cost, ops.per_row_cost)
     with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
         return sized_calls_body(r, (8, 2, 100), own_ms="10")
+
+
+def size_reading_body(r: Rank) -> dict:
+    # per_row_cost_up_to_16 wins up to 4 rows (1 ms a row), the op's own (10 ms) above.
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost_up_to_16)
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
+        return sized_calls_body(r, (8, 2, 100), own_ms="10", range_graphs=True)
 
 
 def mixed_winners_body(r: Rank) -> dict:
@@ -789,11 +801,31 @@ class TestGraphSessions(CollectiveTestCase):
         assert a["per_row_cost_traced_at"] and max(a["per_row_cost_traced_at"]) < 5
         # Their dispatch, alike at every site, is traced once and copied.
         assert a["dispatch_traces"] == b["dispatch_traces"] == 1
-        # So is each of the three implementations where the first site's five ranges
-        # trace it on the same symbolic inputs (torch 2.13 on): the ranges after the first
-        # take a copy. torch 2.11 traces each range at its own size.
-        traces = 3 if torch.__version__ >= (2, 13) else 3 * 5
-        assert a["choice_traces"] == b["choice_traces"] == traces
+        # So is each of the three implementations, which the first site's five ranges
+        # trace on the same symbolic inputs (torch 2.13 on) or each at its range's size
+        # (torch 2.11, traced on the site's symbolic sizes instead): the ranges after the
+        # first take a copy.
+        assert a["choice_traces"] == b["choice_traces"] == 3
+
+    def test_an_implementation_that_reads_its_size_is_traced_at_each_ranges_size(self):
+        # per_row_cost_up_to_16 branches on its rows in Python: traced on the site's
+        # symbolic sizes it would guard the model on them. torch 2.11 traces it at each
+        # range's size (the trace on the symbolic sizes refused, adding no guard), and it
+        # wins the ranges where its per-row cost does, in a range graph of their own;
+        # torch 2.13 on skips it (upstream).
+        a, b = assert_all_ok(run_ranks(2, size_reading_body, timeout_s=150))
+        assert a["records"] == b["records"]
+        winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
+        if torch.__version__ >= (2, 13):
+            assert set(winners.values()) == {"default"}, winners
+            assert a["ran"] == b["ran"] == {8: [], 2: [], 100: []}
+            assert a["frames"] == 1
+        else:
+            assert winners["1_1"] == winners["2_4"] == "per_row_cost_up_to_16", winners
+            assert winners["5_16"] == winners["65_inf"] == "default", winners
+            assert a["ran"] == b["ran"] == {8: [], 2: ["per_row_cost"], 100: []}
+            # A graph for [5, inf) (first called at 8, then 100) and one for [2, 4].
+            assert a["frames"] == 2
 
     @parametrize("device", DEVICE_CASES)
     def test_forward_and_backward_dispatch_by_size_from_one_compile(self, device):

@@ -39,7 +39,6 @@ traced on symbolic sizes for every range of a dynamic op (collective/dispatch.py
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -407,20 +406,12 @@ def compiled_module(
     the choice's inputs and compiled as Inductor compiles its benchmark choices, as far
     as ``stage`` says. With ``symbolic``, any guard the trace would add on the inputs'
     sizes raises instead (the module must be right at every size)."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.ir import gm_original_output_strides, ir_node_to_tensor
-    from torch._inductor.virtualized import V
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch._inductor.ir import gm_original_output_strides
+    from torch._inductor.kernel.collective.choices import trace_on_symbolic_sizes
 
-    shape_env = V.graph.sizevars.shape_env
-    refusal = shape_env.error_on_new_guards() if symbolic else contextlib.nullcontext()
-    with V.fake_mode, refusal:
-        inputs = [ir_node_to_tensor(n) for n in choice.input_nodes]
-        gm = make_fx(
-            functools.partial(implementation, **choice.decomposition_kwargs),
-            decomposition_table=select_decomp_table(),
-            tracing_mode="symbolic",
-        )(*inputs)
+    gm, inputs = trace_on_symbolic_sizes(
+        implementation, choice.decomposition_kwargs, choice.input_nodes, symbolic
+    )
     gm_original_output_strides(gm)
     twin = copy.copy(choice)
     twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None

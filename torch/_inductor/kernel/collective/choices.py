@@ -13,6 +13,7 @@ back to.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -345,48 +346,121 @@ def traced_once(
     trace: Callable[..., torch.fx.GraphModule],
     implementation: Callable[..., Any],
     kwargs: dict[str, Any],
+    input_nodes: Sequence[Any],
 ) -> Callable[..., torch.fx.GraphModule]:
-    """Upstream's ``trace`` of a choice (make_fx of ``implementation`` with ``kwargs``,
-    called on the call site's symbolic inputs), or, for an implementation of a
-    collective op while collective autotuning is on (:func:`guarded_implementation`),
-    ``trace`` once per graph and input layout: later calls take a copy of the first's
-    trace, and the wrapper of each is marked as tracing marked the first.
+    """Upstream's ``trace`` of a choice (make_fx of ``implementation`` with ``kwargs``
+    on example inputs of the call site's ``input_nodes``), or, for an implementation
+    of a collective op while collective autotuning is on
+    (:func:`guarded_implementation`), a trace once per graph and input layout: later
+    calls take a copy of the first's trace, and the wrapper of each is marked as
+    tracing marked the first.
 
-    Upstream traces every range of a ladder's choices on the same symbolic inputs, so
-    each range after the first (eight by default) traced each implementation again, to
-    the same graph. A new guard of the graph's shape environment (a range graph's range,
-    say) may change what a trace takes, and traces again. Counted in
-    ``counters["inductor"]["collective_autotune_choice_traces"]``."""
+    Upstream traces every range of a ladder's choices: torch 2.13 on, each on the same
+    symbolic inputs, to the same graph, so each range after the first (eight by
+    default) traced each implementation again. torch 2.11 traces each range at the
+    range's size, static; there the implementation is traced once on the site's
+    symbolic sizes instead, as torch 2.13 traces it, refusing any guard on them. Where
+    that trace would guard them (the implementation reads its sizes in Python: a
+    ``chunk`` of the dynamic dimension, say; torch 2.13 on skips it) or fails, each
+    range is traced at its size, as upstream does. A new guard of the graph's shape
+    environment (a range graph's range, say) may change what a trace takes, and traces
+    again. Counted in ``counters["inductor"]["collective_autotune_choice_traces"]``."""
     traces = getattr(implementation, "traces", None)
     if traces is None:  # not a collective op's implementation
         return trace
 
-    def once(*inputs: Any) -> torch.fx.GraphModule:
+    def shared(key: Any, trace_now: Callable[[], torch.fx.GraphModule]) -> Any:
+        """A copy of the trace under ``key`` (``trace_now`` makes it first), the
+        implementation marked as that trace marked it."""
         from torch._dynamo.utils import counters
-        from torch._inductor.virtualized import V
 
-        key = (
-            repr(sorted(kwargs.items())),
-            tuple(
-                (str(t.shape), str(t.stride()), t.dtype, t.device)
-                if isinstance(t, torch.Tensor)
-                else repr(t)
-                for t in inputs
-            ),
-            len(V.graph.sizevars.shape_env.guards),
-        )
         if key not in traces:
-            counters["inductor"]["collective_autotune_choice_traces"] += 1
             # Kept with the trace: what the trace marks (see guarded_implementation),
             # apart from what this range's layout inference marked before it.
             marked, implementation.trace_failure = implementation.trace_failure, ""
-            traces[key] = (trace(*inputs), implementation.trace_failure)
-            implementation.trace_failure = implementation.trace_failure or marked
+            try:
+                traces[key] = (trace_now(), implementation.trace_failure)
+            finally:
+                implementation.trace_failure = implementation.trace_failure or marked
+            counters["inductor"]["collective_autotune_choice_traces"] += 1
         gm, failure = traces[key]
         implementation.trace_failure = implementation.trace_failure or failure
         return copied_graph(gm)
 
+    def once(*inputs: Any) -> torch.fx.GraphModule:
+        from torch._inductor.virtualized import V
+        from torch.fx.experimental.symbolic_shapes import free_symbols
+
+        guards = len(V.graph.sizevars.shape_env.guards)
+        key = (repr(sorted(kwargs.items())), _layouts(inputs), guards)
+        at_static_sizes = not free_symbols(list(inputs)) and free_symbols(
+            [n.get_size() for n in input_nodes]
+        )
+        if not at_static_sizes:
+            return shared(key, lambda: trace(*inputs))
+        # torch 2.11, a range of a ladder: one trace on the site's sizes serves every
+        # range; where there is none (None), each range is traced at its size.
+        any_size = (key[0], "the site's sizes", guards)
+
+        def size_generic() -> torch.fx.GraphModule:
+            return trace_on_symbolic_sizes(implementation, kwargs, input_nodes)[0]
+
+        if any_size not in traces:
+            try:
+                return shared(any_size, size_generic)
+            except Exception:  # a guard on the sizes, say
+                log.debug(
+                    "%s is traced at each range's size",
+                    implementation.__name__,
+                    exc_info=True,
+                )
+                traces[any_size] = None
+        if traces[any_size] is None:
+            return shared(key, lambda: trace(*inputs))
+        return shared(any_size, size_generic)
+
     return once
+
+
+def _layouts(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """What a trace on example ``inputs`` depends on: each tensor's size, stride,
+    dtype and device (any other input as it prints)."""
+    return tuple(
+        (str(t.shape), str(t.stride()), t.dtype, t.device)
+        if isinstance(t, torch.Tensor)
+        else repr(t)
+        for t in inputs
+    )
+
+
+def trace_on_symbolic_sizes(
+    implementation: Callable[..., Any],
+    kwargs: dict[str, Any],
+    input_nodes: Sequence[Any],
+    refuse_guards: bool = True,
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """``implementation`` with ``kwargs`` traced on the symbolic sizes of IR nodes
+    ``input_nodes`` (as Inductor traces its custom ops' choices since torch 2.13), and
+    the example inputs it was traced on. With ``refuse_guards``, a guard the trace would
+    add on the sizes raises instead (``symbolic_shapes._ShapeEnvGuardError``): the
+    graph must be right at every size."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.ir import ir_node_to_tensor
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    shape_env = V.graph.sizevars.shape_env
+    refusal = (
+        shape_env.error_on_new_guards() if refuse_guards else contextlib.nullcontext()
+    )
+    with V.fake_mode, refusal:
+        inputs = [ir_node_to_tensor(n) for n in input_nodes]
+        gm = make_fx(
+            functools.partial(implementation, **kwargs),
+            decomposition_table=select_decomp_table(),
+            tracing_mode="symbolic",
+        )(*inputs)
+    return gm, inputs
 
 
 def copied_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
