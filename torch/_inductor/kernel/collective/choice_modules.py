@@ -39,6 +39,7 @@ traced on symbolic sizes for every range of a dynamic op (collective/dispatch.py
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -407,7 +408,6 @@ def compiled_module(
     as ``stage`` says. With ``symbolic``, any guard the trace would add on the inputs'
     sizes raises instead (the module must be right at every size)."""
     from torch._inductor.ir import gm_original_output_strides
-    from torch._inductor.kernel.collective.choices import trace_on_symbolic_sizes
 
     gm, inputs = trace_on_symbolic_sizes(
         implementation, choice.decomposition_kwargs, choice.input_nodes, symbolic
@@ -418,3 +418,33 @@ def compiled_module(
     # Compiled as torch 2.13 compiles its choices: the lowering's guards on the sizes'
     # range (32-bit indexing, say) are the model's too.
     return twin._compile_for_benchmarking(**dataclasses.asdict(stage))
+
+
+def trace_on_symbolic_sizes(
+    implementation: Callable[..., Any],
+    kwargs: dict[str, Any],
+    input_nodes: Sequence[Any],
+    refuse_guards: bool = True,
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """``implementation`` with ``kwargs`` traced on the symbolic sizes of IR nodes
+    ``input_nodes`` (as Inductor traces its custom ops' choices since torch 2.13), and
+    the example inputs it was traced on. With ``refuse_guards``, a guard the trace would
+    add on the sizes raises instead (``symbolic_shapes._ShapeEnvGuardError``): the
+    graph must be right at every size."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.ir import ir_node_to_tensor
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    shape_env = V.graph.sizevars.shape_env
+    refusal = (
+        shape_env.error_on_new_guards() if refuse_guards else contextlib.nullcontext()
+    )
+    with V.fake_mode, refusal:
+        inputs = [ir_node_to_tensor(n) for n in input_nodes]
+        gm = make_fx(
+            functools.partial(implementation, **kwargs),
+            decomposition_table=select_decomp_table(),
+            tracing_mode="symbolic",
+        )(*inputs)
+    return gm, inputs

@@ -13,7 +13,6 @@ back to.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
@@ -403,6 +402,10 @@ def traced_once(
         any_size = (key[0], "the site's sizes", guards)
 
         def size_generic() -> torch.fx.GraphModule:
+            from torch._inductor.kernel.collective.choice_modules import (
+                trace_on_symbolic_sizes,
+            )
+
             return trace_on_symbolic_sizes(implementation, kwargs, input_nodes)[0]
 
         if any_size not in traces:
@@ -431,36 +434,6 @@ def _layouts(inputs: Sequence[Any]) -> tuple[Any, ...]:
         else repr(t)
         for t in inputs
     )
-
-
-def trace_on_symbolic_sizes(
-    implementation: Callable[..., Any],
-    kwargs: dict[str, Any],
-    input_nodes: Sequence[Any],
-    refuse_guards: bool = True,
-) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
-    """``implementation`` with ``kwargs`` traced on the symbolic sizes of IR nodes
-    ``input_nodes`` (as Inductor traces its custom ops' choices since torch 2.13), and
-    the example inputs it was traced on. With ``refuse_guards``, a guard the trace would
-    add on the sizes raises instead (``symbolic_shapes._ShapeEnvGuardError``): the
-    graph must be right at every size."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.ir import ir_node_to_tensor
-    from torch._inductor.virtualized import V
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    shape_env = V.graph.sizevars.shape_env
-    refusal = (
-        shape_env.error_on_new_guards() if refuse_guards else contextlib.nullcontext()
-    )
-    with V.fake_mode, refusal:
-        inputs = [ir_node_to_tensor(n) for n in input_nodes]
-        gm = make_fx(
-            functools.partial(implementation, **kwargs),
-            decomposition_table=select_decomp_table(),
-            tracing_mode="symbolic",
-        )(*inputs)
-    return gm, inputs
 
 
 def copied_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
