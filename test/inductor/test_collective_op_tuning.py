@@ -312,6 +312,33 @@ def switched_off_body(r: Rank) -> list:
         return one_op_body(r)
 
 
+def switched_off_untraced_body(r: Rank) -> tuple[list, list]:
+    """Three layers of a tuned all-reduce compiled with collective autotuning off, at a
+    static and at a dynamic size: the records, and the traces of an implementation."""
+    from torch._inductor import config
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+
+    ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
+    ops.traced_at.clear()
+    group = r.group.group_name
+
+    def f(x):
+        for _ in range(3):
+            x = x + ops.all_reduce(torch.relu(x), group)
+        return x
+
+    start = len(collective_autotune_records())
+    with config.patch(collective_autotune=False):
+        records = compile_and_check(f, torch.randn(8, 4, device=r.device))
+        torch._dynamo.reset()
+        dynamic = torch.compile(f, fullgraph=True, dynamic=True)
+        for rows in (5, 9):
+            x = torch.randn(rows, 4, device=r.device)
+            torch.testing.assert_close(dynamic(x), f(x), rtol=1e-4, atol=1e-4)
+    assert len(records) == 3, records
+    return collective_autotune_records()[start:], ops.traced_at.get("per_row_cost", [])
+
+
 def labelled_body(r: Rank) -> str:
     import logging
 
@@ -629,6 +656,22 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         )
         assert "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0" in record.reason
         assert record.session == "" and record.timings == ()  # no session at all
+
+    @parametrize("device", DEVICE_CASES)
+    def test_switched_off_traces_no_implementation(self, device):
+        # The op's own implementation runs on every rank: tracing the others at every
+        # call site would only make the compile slower than an untuned op's.
+        for records, traced in assert_all_ok(
+            run_ranks(2, switched_off_untraced_body, device=device)
+        ):
+            assert traced == [], traced
+            # One per call site of each compile: torch 2.11's own choice of the op
+            # guards the dynamic size, so there the dynamic model compiles at each
+            # size (the README's known limits).
+            assert len(records) >= 6 and all(
+                r.winner == "default" and r.decision == "use" and r.session == ""
+                for r in records
+            ), records
 
     def test_switch_off_variable_sets_the_knob(self):
         import os

@@ -170,12 +170,29 @@ def prepare_choices(
     collective, so that its one choice is taken without a session (torch 2.11 lowers
     the op as itself before: dispatch.lowered_once).
 
+    While collective autotuning is off every rank runs a collective op's own
+    implementation, so none of the op's implementations is traced: only the stand-in
+    for the first, whose arguments upstream gives the op's own (as where the group
+    decided the key for the op's own already). Tracing them all at every call site
+    made a model compiled with the knob off slower to compile than a tuned one.
+
     Returns the implementations, their arguments and their config patches to trace,
     and the winner of a range settled so (None otherwise), to return untraced.
     """
     if untuned_at_data_dependent_size(op, inputs):
         _realize(inputs)
         return [], list(non_tensor_args[:1]), None, None
+    if _switched_off(op):
+        _realize(inputs)
+        traced, args, patches = _to_trace(
+            DEFAULT,
+            _labels(decompositions, non_tensor_args, op),
+            decompositions,
+            non_tensor_args,
+            config_patches_list,
+            op,
+        )
+        return traced, args, patches, None
     labels, site = _prepare_site(
         name,
         decompositions,
@@ -222,11 +239,7 @@ def _prepare_site(
     inputs realized."""
     neighbours = neighbours_of_site(inputs)
     _realize(inputs)
-    schema = schema_arguments(op)
-    labels = [
-        label(d.__name__, kwargs, schema)
-        for d, kwargs in zip(decompositions, non_tensor_args)
-    ]
+    labels = _labels(decompositions, non_tensor_args, op)
     site = selection.prepare_site(
         name,
         labels,
@@ -241,6 +254,27 @@ def _prepare_site(
     if site is not None:
         dynamo_callbacks.install(compiling=True)
     return labels, site
+
+
+def _switched_off(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` is a collective op while collective autotuning is off: every rank
+    runs its own implementation (selection's untuned record)."""
+    from torch._inductor import config
+
+    return not config.collective_autotune and names_a_collective(op)
+
+
+def _labels(
+    decompositions: Sequence[Callable[..., Any]],
+    non_tensor_args: Sequence[dict[str, Any]],
+    op: torch._ops.OpOverload,
+) -> list[str]:
+    """The labels of the op's implementations, as records and logs name them."""
+    schema = schema_arguments(op)
+    return [
+        label(d.__name__, kwargs, schema)
+        for d, kwargs in zip(decompositions, non_tensor_args)
+    ]
 
 
 def _realize(inputs: Sequence[Any]) -> None:
