@@ -19,7 +19,10 @@ machine that compiled the model before), per repetition:
   * tuned: a fresh process group (its decisions its own), the first call at 8 rows
     (tunes the ladder), then one call in each other range: the range graph's compile;
   * written in: the model with each range's winner written in, compiled alone at a
-    size of that range (the op's own: the same call as an op registered for no tuning).
+    size of that range (the op's own: the same call as an op registered for no tuning);
+  * switched off: the tuned model compiled with ``collective_autotune=False`` at the
+    first compile's size, against the model calling the op registered for no tuning:
+    what a user who switches tuning off pays of the overlay's own work.
 
 Seconds are the first call less a later one, slowest rank, median over repetitions
 (11 by default: single compiles on a 2-core VM spread by ±0.4 s); the extra, the
@@ -68,7 +71,7 @@ OTHER_ROWS = (2, 100)  # one size in each other range: the inlined op's, the op'
 @torch.library.custom_op("range_compile::own_all_reduce", mutates_args=())
 def own_all_reduce(x: torch.Tensor, group_name: str, delay_ms: str) -> torch.Tensor:
     """The op's own implementation as an op registered for no tuning (the tuned op,
-    even with collective_autotune=False, is tuned by upstream on each rank)."""
+    even with collective_autotune=False, goes through the overlay's lowering)."""
     return ops.all_reduce(x, group_name, delay_ms)
 
 
@@ -132,8 +135,20 @@ def repetition(layers: int) -> dict[str, Any]:
     for rows, label in winners.items():
         written = model_of(WRITTEN_IN[label], layers, group)
         (written_in[rows],), _ = compile_s(written, (rows,), False)
+    # The tuned model compiled with collective autotuning off, and the model calling
+    # the op's own registered for no tuning: what a knob-off compile pays of the
+    # overlay's work.
+    switched_off = {}
+    for label, all_reduce in (
+        ("off", ops.all_reduce),
+        ("unregistered", own_all_reduce),
+    ):
+        (switched_off[label],), _ = compile_s(
+            model_of(all_reduce, layers, group), (FIRST_ROWS,), False
+        )
     return {
         "graphs": graphs,
+        "switched_off_s": switched_off,
         # Tracing the choices, as the decisions' records say it, and the traces that
         # collective autotuning counted (each implementation once per graph, torch 2.13 on).
         "trace_s": sum(r.trace_s for r in records),
@@ -191,6 +206,20 @@ def run(args: argparse.Namespace) -> None:
             "trace_s_per_repetition": [r["trace_s"] for r in reps],
             "choice_traces_per_repetition": [r["choice_traces"] for r in reps],
             "ranges": ranges,
+            # collective_autotune=False against an op registered for no tuning, at the
+            # first compile's size: medians, the extra the median of the differences.
+            "switched_off": {
+                "compile_s": statistics.median(
+                    r["switched_off_s"]["off"] for r in reps
+                ),
+                "unregistered_compile_s": statistics.median(
+                    r["switched_off_s"]["unregistered"] for r in reps
+                ),
+                "extra_s": statistics.median(
+                    r["switched_off_s"]["off"] - r["switched_off_s"]["unregistered"]
+                    for r in reps
+                ),
+            },
             "wall_s": time.perf_counter() - started,
         }
     )
@@ -200,6 +229,11 @@ def run(args: argparse.Namespace) -> None:
             f"first compile {result['first_compile_s']:.2f} s, tracing the choices "
             f"{result['trace_s']:.2f} s, choice traces per compile "
             f"{result['choice_traces_per_repetition']}"
+        )
+        off = result["switched_off"]
+        print(
+            f"collective_autotune=0: {off['compile_s']:.2f} s, the op registered for "
+            f"no tuning {off['unregistered_compile_s']:.2f} s, extra {off['extra_s']:+.2f} s"
         )
         for r in result["ranges"]:
             print(
