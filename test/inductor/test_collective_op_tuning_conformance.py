@@ -214,6 +214,61 @@ def none_usable_body(r: Rank, tag: str) -> dict:
     return _outcome(r, Model(), torch.randn(16, 16, device=r.device))
 
 
+def untuned_body(r: Rank, tag: str, untuned: str) -> dict:
+    """Upstream's pattern left untuned: collective autotuning "switched_off", or the
+    op called at a "data_dependent" (unbacked) size. The op's own implementation runs,
+    and its output, never waited for in its body, is read at once by the model. The op
+    names its group (an argument): at an unbacked size no choice can be traced to
+    find its collectives (upstream fails the compile of any op tuned there)."""
+    from torch._inductor import config
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
+
+    group = _named_group(r, tag)
+
+    @torch.library.custom_op(f"conformance::untuned_{tag}", mutates_args=())
+    def unwaited(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        result = x.clone()
+        return _c10d.all_reduce_(result, "sum", group_name)
+
+    @unwaited.register_fake
+    def _(x, group_name):
+        return torch.empty_like(x)
+
+    def waits(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return _c10d.wait_tensor(_c10d.all_reduce(x, "sum", group_name))
+
+    register_custom_op_autotuning(unwaited, configs=[CustomOpConfig(waits)])
+
+    def model(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        if untuned == "data_dependent":
+            rows = n.item()
+            torch._check_is_size(rows)
+            torch._check(rows <= x.size(0))
+            x = x[:rows]
+        return unwaited(x, group) + 1
+
+    torch.manual_seed(11 + r.rank)
+    x = torch.randn(1024, 512, device=r.device)  # 2 MiB: a read races with the sum
+    rows = x.size(0) - 24
+    start = len(collective_autotune_records())
+    with (
+        config.patch(collective_autotune=untuned != "switched_off"),
+        torch._dynamo.config.patch(capture_scalar_outputs=True),
+    ):
+        y = torch.compile(model, fullgraph=True)(x, torch.tensor(rows))
+    if untuned == "data_dependent":
+        x = x[:rows]
+    records = collective_autotune_records()[start:]
+    return {
+        "shape_ok": y.shape == x.shape,
+        "error": (y - 1 - _summed(r, x)).abs().max().item(),
+        "records": [(rec.key, rec.decision, rec.winner, rec.reason) for rec in records],
+    }
+
+
 # -- the tests -------------------------------------------------------------------------------
 
 
@@ -302,6 +357,22 @@ class TestUpstreamPatterns(TestCase):
         ((_, decision, winner, reason),) = outcome["records"]
         self.assertEqual((decision, winner), ("use", "default"))
         self.assertIn("needs_a_capability", reason)  # the log says why
+
+    @parametrize("untuned", ["switched_off", "data_dependent"])
+    @parametrize("device", DEVICE_CASES)
+    def test_an_untuned_op_is_waited_for_where_its_body_does_not_wait(
+        self, device: str, untuned: str
+    ) -> None:
+        # Its own implementation runs as an opaque call: Inductor waits after it.
+        tag = _tag(f"untuned_{untuned}", device, 2)
+        outcome = _same_everywhere(
+            self,
+            assert_all_ok(run_ranks(2, untuned_body, tag, untuned, device=device)),
+        )
+        self.assertTrue(
+            all(winner == "default" for _, _, winner, _ in outcome["records"]),
+            outcome["records"],
+        )
 
 
 instantiate_parametrized_tests(TestUpstreamPatterns)

@@ -33,11 +33,13 @@ from torch._inductor.kernel.collective.waits import (
     dispatchable,
     recorded_own_waits,
     trace_own_implementation,
+    wait_for_output,
     waited_call,
     with_waits,
 )
 from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
 from torch.distributed._store_session import describe
+from torch.utils._pytree import tree_map_only
 
 if TYPE_CHECKING:
     from torch._inductor.ir import ChoiceCaller
@@ -279,6 +281,30 @@ def check_own_implementation(
     names = schema_arguments(op)
     kwargs = {k: v for k, v in (non_tensor_args or [{}])[0].items() if k in names}
     return trace_own_implementation(op, body, inputs, kwargs)
+
+
+def own_output(
+    op: torch._ops.OpOverload,
+    tensor_inputs: Sequence[Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    out: Any,
+) -> Any:
+    """``out``, the lowered call of the op's own implementation with ``args`` and
+    ``kwargs`` (``tensor_inputs`` among them), followed by a wait where its body
+    leaves a collective's output unwaited (:func:`check_own_implementation`)."""
+    from torch._inductor.ir import TensorBox
+
+    names = [a.name for a in op._schema.arguments]
+    non_tensor = {
+        name: value
+        for name, value in zip(names, args)
+        if not hasattr(value, "get_size")
+    }
+    own = check_own_implementation(op, tensor_inputs, [{**non_tensor, **kwargs}])
+    if own.waits is not Waits.OUTPUT:
+        return out
+    return tree_map_only(TensorBox, wait_for_output, out)
 
 
 def own_waits(op: torch._ops.OpOverload | None) -> Waits:

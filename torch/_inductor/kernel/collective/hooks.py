@@ -166,9 +166,9 @@ def prepare_choices(
     A collective op whose size is data-dependent (unbacked) is not tuned: none of its
     implementations is traced, and upstream's lowering calls the op's own, with the
     first implementation's arguments (it would otherwise fail the compile: no choice
-    can be traced at such a size); :func:`detect_collective` then calls it no
-    collective, so that its one choice is taken without a session (torch 2.11 lowers
-    the op as itself before: dispatch.lowered_once).
+    can be traced at such a size); :func:`select_collective_choice` takes that one
+    choice without a session, waited for where the op's body leaves its output
+    unwaited (torch 2.11 lowers the op as itself before: dispatch.lowered_once).
 
     While collective autotuning is off every rank runs a collective op's own
     implementation, so none of the op's implementations is traced: only the stand-in
@@ -353,10 +353,13 @@ def detect_collective(
     """
     import torch.distributed as dist
 
-    # Untuned at a data-dependent size (prepare_choices): the op's own, its one choice.
+    # Untuned at a data-dependent size (prepare_choices): the op's own, its one choice,
+    # taken without a session (select_collective_choice); a collective all the same, so
+    # that a wait follows it where its body leaves its output unwaited.
     inputs = getattr(choices[0], "input_nodes", ()) if choices else ()
     if data_dependent_size(inputs) is not None:
-        return False, None
+        check_own_implementation(op_overload, inputs, non_tensor_args)
+        return True, None
     initialised = dist.is_available() and dist.is_initialized()
     collective, groups = _communication(
         choices, op_overload, non_tensor_args, initialised
@@ -469,6 +472,10 @@ def select_collective_choice(
     """
     from torch._dynamo.utils import dynamo_timed
 
+    if data_dependent_size(input_nodes) is not None:
+        # Untuned (detect_collective): no decision to agree on, the size is the
+        # program's.
+        return next(c for c in choices if choice_label(c) == DEFAULT)
     with dynamo_timed(
         f"{name}_collective_autotuning",
         log_pt2_compile_event=True,
