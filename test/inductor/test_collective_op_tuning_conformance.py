@@ -215,8 +215,8 @@ def none_usable_body(r: Rank, tag: str) -> dict:
 
 
 def untuned_body(r: Rank, tag: str, untuned: str) -> dict:
-    """Upstream's pattern left untuned: collective autotuning "switched_off", or the
-    op called at a "data_dependent" (unbacked) size. The op's own implementation runs,
+    """Upstream's pattern left untuned: collective autotuning "switched_off", the op
+    called at a "data_dependent" (unbacked) size, or "both". The op's own implementation runs,
     and its output, never waited for in its body, is read at once by the model. The op
     names its group (an argument): at an unbacked size no choice can be traced to
     find its collectives (upstream fails the compile of any op tuned there)."""
@@ -243,7 +243,7 @@ def untuned_body(r: Rank, tag: str, untuned: str) -> dict:
     register_custom_op_autotuning(unwaited, configs=[CustomOpConfig(waits)])
 
     def model(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        if untuned == "data_dependent":
+        if untuned != "switched_off":
             rows = n.item()
             torch._check_is_size(rows)
             torch._check(rows <= x.size(0))
@@ -255,11 +255,11 @@ def untuned_body(r: Rank, tag: str, untuned: str) -> dict:
     rows = x.size(0) - 24
     start = len(collective_autotune_records())
     with (
-        config.patch(collective_autotune=untuned != "switched_off"),
+        config.patch(collective_autotune=untuned == "data_dependent"),
         torch._dynamo.config.patch(capture_scalar_outputs=True),
     ):
         y = torch.compile(model, fullgraph=True)(x, torch.tensor(rows))
-    if untuned == "data_dependent":
+    if untuned != "switched_off":
         x = x[:rows]
     records = collective_autotune_records()[start:]
     return {
@@ -358,7 +358,7 @@ class TestUpstreamPatterns(TestCase):
         self.assertEqual((decision, winner), ("use", "default"))
         self.assertIn("needs_a_capability", reason)  # the log says why
 
-    @parametrize("untuned", ["switched_off", "data_dependent"])
+    @parametrize("untuned", ["switched_off", "data_dependent", "both"])
     @parametrize("device", DEVICE_CASES)
     def test_an_untuned_op_is_waited_for_where_its_body_does_not_wait(
         self, device: str, untuned: str

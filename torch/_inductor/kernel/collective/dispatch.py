@@ -169,10 +169,9 @@ def untuned_at_data_dependent_size(
     """Whether this call of ``op``, a collective op, is left untuned because one of its
     sizes is data-dependent (:func:`data_dependent_size`), warning once: its lowering
     calls the op's own implementation instead (which upstream's would fail the compile
-    on), on every rank alike, as the size is the program's."""
-    from torch._inductor import config
-
-    if not (config.collective_autotune and names_a_collective(op)):
+    on), on every rank alike, as the size is the program's. So it is with collective
+    autotuning off too: no choice, not even the op's own stand-in, can be traced there."""
+    if not names_a_collective(op):
         return False
     size = data_dependent_size(tensor_inputs)
     if size is None:

@@ -357,7 +357,7 @@ def detect_collective(
     # taken without a session (select_collective_choice); a collective all the same, so
     # that a wait follows it where its body leaves its output unwaited.
     inputs = getattr(choices[0], "input_nodes", ()) if choices else ()
-    if data_dependent_size(inputs) is not None:
+    if untuned_at_data_dependent_size(op_overload, inputs):
         check_own_implementation(op_overload, inputs, non_tensor_args)
         return True, None
     initialised = dist.is_available() and dist.is_initialized()
