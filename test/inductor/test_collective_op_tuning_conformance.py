@@ -216,10 +216,11 @@ def none_usable_body(r: Rank, tag: str) -> dict:
 
 def untuned_body(r: Rank, tag: str, untuned: str) -> dict:
     """Upstream's pattern left untuned: collective autotuning "switched_off", the op
-    called at a "data_dependent" (unbacked) size, or "both". The op's own implementation runs,
-    and its output, never waited for in its body, is read at once by the model. The op
-    names its group (an argument): at an unbacked size no choice can be traced to
-    find its collectives (upstream fails the compile of any op tuned there)."""
+    called at a "data_dependent" (unbacked) size, or "both". The op's own
+    implementation runs, and its output, never waited for in its body, is read at once
+    by the model. The op names its group (an argument): at an unbacked size no choice
+    can be traced to find its collectives (upstream fails the compile of any op tuned
+    there)."""
     from torch._inductor import config
     from torch._inductor.kernel.custom_op import (
         CustomOpConfig,
