@@ -2189,7 +2189,7 @@ CONTRACTS: list[Contract] = [
     ),
     Contract(
         "fallback_handler(op, add_to_fallback_set=)",
-        "dispatch.lowered_once",
+        "hooks.lowered_once",
         check_fallback_handler,
         break_fallback_handler,
     ),

@@ -18,6 +18,7 @@ import unittest
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -331,11 +332,14 @@ def switched_off_untraced_body(r: Rank) -> tuple[list, list]:
     with config.patch(collective_autotune=False):
         records = compile_and_check(f, torch.randn(8, 4, device=r.device))
         torch._dynamo.reset()
-        dynamic = torch.compile(f, fullgraph=True, dynamic=True)
-        for rows in (5, 9):
+        counter = CompileCounterWithBackend("inductor")
+        dynamic = torch.compile(f, backend=counter, fullgraph=True, dynamic=True)
+        for rows in (5, 9, 17):
             x = torch.randn(rows, 4, device=r.device)
             torch.testing.assert_close(dynamic(x), f(x), rtol=1e-4, atol=1e-4)
     assert len(records) == 3, records
+    # One compile for every size: the op's own implementation keeps them symbolic.
+    assert counter.frame_count == 1, counter.frame_count
     return collective_autotune_records()[start:], ops.traced_at.get("per_row_cost", [])
 
 
@@ -665,10 +669,8 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             run_ranks(2, switched_off_untraced_body, device=device)
         ):
             assert traced == [], traced
-            # One per call site of each compile: torch 2.11's own choice of the op
-            # guards the dynamic size, so there the dynamic model compiles at each
-            # size (the README's known limits).
-            assert len(records) >= 6 and all(
+            # One per call site of each compile, the static one and the dynamic one.
+            assert len(records) == 6 and all(
                 r.winner == "default" and r.decision == "use" and r.session == ""
                 for r in records
             ), records

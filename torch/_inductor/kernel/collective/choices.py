@@ -283,25 +283,27 @@ def check_own_implementation(
     return trace_own_implementation(op, body, inputs, kwargs)
 
 
-def own_output(
-    op: torch._ops.OpOverload,
-    tensor_inputs: Sequence[Any],
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    out: Any,
-) -> Any:
-    """``out``, the lowered call of the op's own implementation with ``args`` and
-    ``kwargs`` (``tensor_inputs`` among them), followed by a wait where its body
-    leaves a collective's output unwaited (:func:`check_own_implementation`)."""
-    from torch._inductor.ir import TensorBox
-
+def call_arguments(
+    op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The arguments of a call of ``op`` being lowered that are no IR node (``args``
+    by the schema's names, and ``kwargs``): what its implementations are called with
+    besides their tensors."""
     names = [a.name for a in op._schema.arguments]
-    non_tensor = {
+    positional = {
         name: value
         for name, value in zip(names, args)
         if not hasattr(value, "get_size")
     }
-    own = check_own_implementation(op, tensor_inputs, [{**non_tensor, **kwargs}])
+    return {**positional, **kwargs}
+
+
+def own_output(own: OwnImplementation, out: Any) -> Any:
+    """``out``, the lowered call of the op's own implementation, followed by a wait
+    where its body leaves a collective's output unwaited (``own``:
+    :func:`check_own_implementation`)."""
+    from torch._inductor.ir import TensorBox
+
     if own.waits is not Waits.OUTPUT:
         return out
     return tree_map_only(TensorBox, wait_for_output, out)

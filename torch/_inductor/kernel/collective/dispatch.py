@@ -43,7 +43,7 @@ from torch._inductor.kernel.collective.choice_modules import (
     Neighbours,
     Stage,
 )
-from torch._inductor.kernel.collective.choices import copied_graph, own_output
+from torch._inductor.kernel.collective.choices import copied_graph
 from torch._inductor.kernel.collective.detection import names_a_collective, op_name
 from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
@@ -621,38 +621,3 @@ def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
         node.target = f"{site}_{node.target}"
         setattr(dispatch, node.target, branch)
     dispatch.recompile()
-
-
-def lowered_once(
-    op: torch._ops.OpOverload, lowering: Callable[..., Any]
-) -> Callable[..., Any]:
-    """``lowering``, except where ``op`` is lowered inside its own lowering, or at a
-    data-dependent size (:func:`untuned_at_data_dependent_size`): there the op lowers
-    as itself (a call of its eager kernel), at a data-dependent size followed by a wait
-    where its body leaves a collective's output unwaited.
-
-    A range's dispatch, or a range-based op whose every range chose the op's own
-    implementation, traces that implementation, the op itself, into the graph; lowering
-    it with ``lowering`` again would tune it again, without end. torch 2.13 guards every
-    user lowering so; torch 2.11 registers autotuned ops as plain lowerings.
-    """
-    from torch._inductor.lowering import fallback_handler
-
-    active = False
-
-    @functools.wraps(lowering)
-    def lower(*args: Any, **kwargs: Any) -> Any:
-        nonlocal active
-        tensors = [a for a in args if hasattr(a, "get_size")]
-        if active:  # the op itself, traced with its waits (choices.the_op_itself)
-            return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
-        if untuned_at_data_dependent_size(op, tensors):
-            out = fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
-            return own_output(op, tensors, args, kwargs, out)
-        active = True
-        try:
-            return lowering(*args, **kwargs)
-        finally:
-            active = False
-
-    return lower

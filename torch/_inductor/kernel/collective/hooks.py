@@ -47,12 +47,14 @@ from torch._inductor.kernel.collective.choice_modules import (
     to_inline,
 )
 from torch._inductor.kernel.collective.choices import (
+    call_arguments,
     check_own_implementation,
     choice_label,
     complete_default_choice,
     DEFAULT,
     guarded_implementation,
     label,
+    own_output,
     own_waits,
     RangeWinner,
     register,
@@ -74,7 +76,6 @@ from torch._inductor.kernel.collective.dispatch import (
     data_dependent_size,
     dynamic_ladder,
     lower_size_dispatch,
-    lowered_once,  # torch 2.11's lowering registry
     untuned_at_data_dependent_size,
 )
 from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
@@ -168,7 +169,7 @@ def prepare_choices(
     first implementation's arguments (it would otherwise fail the compile: no choice
     can be traced at such a size); :func:`select_collective_choice` takes that one
     choice without a session, waited for where the op's body leaves its output
-    unwaited (torch 2.11 lowers the op as itself before: dispatch.lowered_once).
+    unwaited (torch 2.11 lowers the op as itself before: :func:`lowered_once`).
 
     While collective autotuning is off every rank runs a collective op's own
     implementation, so none of the op's implementations is traced: only the stand-in
@@ -379,10 +380,8 @@ def detect_collective(
             )
             choices.remove(choice)
         return False, None
-    for kwargs in non_tensor_args:
-        groups.extend(v for k, v in kwargs.items() if k in GROUP_ARGUMENTS)
     complete_default_choice(name, choices, op_overload, non_tensor_args)
-    group = covering_group([resolve_group(g, op_overload) for g in groups])
+    group = _synchronised_group(op_overload, groups, non_tensor_args)
     if group.size() == 1:
         # Inductor's regular benchmarking would deadlock on gloo here (see
         # select_collective_choice); a session of one rank costs nothing.
@@ -391,6 +390,23 @@ def detect_collective(
             "synchronise, it is timed without waiting for peers"
         )
     return True, group
+
+
+def _synchronised_group(
+    op: torch._ops.OpOverload,
+    groups: Sequence[Any],
+    non_tensor_args: Sequence[dict[str, Any]],
+) -> ProcessGroup:
+    """The group a collective op's call site synchronises over: the smallest known one
+    that contains ``groups`` (those its collectives pass) and the groups its arguments
+    name; WORLD where there are none."""
+    named = [
+        value
+        for kwargs in non_tensor_args
+        for key, value in kwargs.items()
+        if key in GROUP_ARGUMENTS
+    ]
+    return covering_group([resolve_group(g, op) for g in [*groups, *named]])
 
 
 def _communication(
@@ -448,6 +464,62 @@ def group_takes_cached_graph(
         counters["inductor"]["fxgraph_cache_hit"] -= 1
         counters["inductor"]["fxgraph_cache_miss"] += 1
     return False
+
+
+def lowered_once(
+    op: torch._ops.OpOverload, lowering: Callable[..., Any], name: str
+) -> Callable[..., Any]:
+    """torch 2.11's lowering of ``op``, autotuned as ``name`` (patch 0005):
+    ``lowering``, except where the op is lowered inside its own lowering, at a
+    data-dependent size (:func:`untuned_at_data_dependent_size`) or, for a collective
+    op, while collective autotuning is off. There the op lowers as itself (a call of
+    its eager kernel), followed by a wait where its body leaves a collective's output
+    unwaited.
+
+    A range's dispatch, or a range-based op whose every range chose the op's own
+    implementation, traces that implementation, the op itself, into the graph; lowering
+    it with ``lowering`` again would tune it again, without end. torch 2.13 guards every
+    user lowering so; torch 2.11 registers autotuned ops as plain lowerings.
+
+    With collective autotuning off every rank runs the op's own implementation. 2.11's
+    own choice of it, a traced subgraph, guards its inputs' sizes
+    (codegen/subgraph.py), so that a model of dynamic size compiled at each size it met;
+    the op's own call keeps them symbolic, as torch 2.13 on does. Each call site keeps
+    the untuned record that :func:`select_collective_choice` keeps there on 2.13 on.
+    """
+    import torch.distributed as dist
+    from torch._inductor.lowering import fallback_handler
+
+    active = False
+
+    @functools.wraps(lowering)
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        nonlocal active
+        itself = fallback_handler(op, add_to_fallback_set=False)
+        if active:  # the op itself, traced with its waits (choices.the_op_itself)
+            return itself(*args, **kwargs)
+        tensors = [a for a in args if hasattr(a, "get_size")]
+        untuned = untuned_at_data_dependent_size(op, tensors)
+        # Where torch.distributed is not initialised, the op is no collective to
+        # detect_collective either: upstream lowers it.
+        switched_off = (
+            _switched_off(op) and dist.is_available() and dist.is_initialized()
+        )
+        if untuned or switched_off:
+            out = itself(*args, **kwargs)
+            arguments = call_arguments(op, args, kwargs)
+            own = check_own_implementation(op, tensors, [arguments])
+            if not untuned:
+                group = _synchronised_group(op, own.groups, [arguments])
+                _keep(selection.untuned_record(name, group))
+            return own_output(own, out)
+        active = True
+        try:
+            return lowering(*args, **kwargs)
+        finally:
+            active = False
+
+    return lower
 
 
 def select_collective_choice(

@@ -433,7 +433,7 @@ def decide_site(
     prepared = _prepared_sites().pop(name, None)
     by_label = {choice_label(c, prepared.op if prepared else None): c for c in choices}
     if not config.collective_autotune:
-        return _untuned_record(name, process_group), by_label
+        return untuned_record(name, process_group), by_label
     site = _site_after_tracing(
         prepared,
         name,
@@ -464,7 +464,7 @@ def decide_site(
     )
 
 
-def _untuned_record(name: str, group: ProcessGroup) -> CollectiveAutotuneRecord:
+def untuned_record(name: str, group: ProcessGroup) -> CollectiveAutotuneRecord:
     """The record of a site while collective autotuning is off: the op's own
     implementation, untimed."""
     import torch.distributed as dist
