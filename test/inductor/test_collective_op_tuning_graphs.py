@@ -367,6 +367,13 @@ def split_points_body(r: Rank) -> dict:
     return sized_calls_body(r, (3, 8, 50))
 
 
+def switched_off_split_points_body(r: Rank) -> dict:
+    from torch._inductor import config
+
+    with config.patch(collective_autotune=False):
+        return split_points_body(r)
+
+
 # -- range graphs: one graph per size range, chosen by Dynamo's guards ------------------------
 
 
@@ -947,6 +954,22 @@ class TestGraphSessions(CollectiveTestCase):
         assert a["ran"] == b["ran"] == {3: ["per_row_cost"], 8: [], 50: []}
         assert a["frames"] == 1
         assert a["builds"] == b["builds"] == 2  # once each, for the three ranges
+
+    @parametrize("device", DEVICE_CASES)
+    def test_user_split_points_switched_off_run_the_ops_own(self, device):
+        # Collective autotuning off: the op's own implementation at every size, in one
+        # graph (torch 2.11 lowers the op as its own call; 2.13 on as the stand-in of
+        # every range), untimed and unbuilt.
+        a, b = assert_all_ok(
+            run_ranks(2, switched_off_split_points_body, device=device, timeout_s=150)
+        )
+        assert a["ran"] == b["ran"] == {3: [], 8: [], 50: []}
+        assert a["frames"] == b["frames"] == 1
+        assert a["builds"] == b["builds"] == 0
+        assert a["records"] and all(
+            r.winner == "default" and r.decision == "use" and r.session == ""
+            for r in a["records"] + b["records"]
+        ), a["records"]
 
     @parametrize("device", DEVICE_CASES)
     def test_each_size_range_compiles_a_graph_of_its_own_that_benchmarks_nothing(
