@@ -495,9 +495,12 @@ def lowered_once(
     @functools.wraps(lowering)
     def lower(*args: Any, **kwargs: Any) -> Any:
         nonlocal active
-        itself = fallback_handler(op, add_to_fallback_set=False)
+
+        def as_itself() -> Any:
+            return fallback_handler(op, add_to_fallback_set=False)(*args, **kwargs)
+
         if active:  # the op itself, traced with its waits (choices.the_op_itself)
-            return itself(*args, **kwargs)
+            return as_itself()
         tensors = [a for a in args if hasattr(a, "get_size")]
         untuned = untuned_at_data_dependent_size(op, tensors)
         # Where torch.distributed is not initialised, the op is no collective to
@@ -506,7 +509,7 @@ def lowered_once(
             _switched_off(op) and dist.is_available() and dist.is_initialized()
         )
         if untuned or switched_off:
-            out = itself(*args, **kwargs)
+            out = as_itself()
             arguments = call_arguments(op, args, kwargs)
             own = check_own_implementation(op, tensors, [arguments])
             if not untuned:
