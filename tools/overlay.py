@@ -491,7 +491,13 @@ def write_concern(
     for who in ordered:
         name = every[who]
         diff = ""
-        keys = sorted(groups[who], key=lambda key: (found[key][0], found[key][1]))
+        # In the order of the file: a minor's hunks read back from its parts come part
+        # by part, not in the file's order. A group's hunks all hold the numbers of
+        # its newest minor, so their positions compare.
+        keys = sorted(
+            groups[who],
+            key=lambda key: (found[key][0], found[key][2].old_start, found[key][1]),
+        )
         for path in dict.fromkeys(found[key][0] for key in keys):
             diff += f"--- a/{path}\n+++ b/{path}\n"
             diff += "".join(found[key][2].text for key in keys if found[key][0] == path)

@@ -800,6 +800,33 @@ def test_write_concern_stores_each_hunk_once_in_the_file_of_its_minors(patches_c
         assert out["f.py"].splitlines()[1] == "B"
 
 
+def test_write_concern_keeps_each_part_in_the_files_order(patches_copy):
+    """A minor's hunks read back from its parts come part by part: a hunk that moves
+    into a shared part must still land at its place in the file, or the part does
+    not apply (found there in a refresh of patch 0001)."""
+
+    def diff(*hunks: str) -> list:
+        return overlay_tool.parse_diff("--- a/f.py\n+++ b/f.py\n" + "".join(hunks))
+
+    early = "@@ -1,2 +1,2 @@\n a\n-b\n+B\n"
+    late = "@@ -5,2 +5,2 @@\n e\n-f\n+F\n"
+    names = overlay_tool.write_concern(
+        "0009",
+        "demo",
+        "Subject: [PATCH] demo\n\nWhy: a test.\n\nBehaviour: none.\n",
+        {"2.13": diff(early, late), "2.14": diff(late, early)},
+    )
+    assert names["2.14"] == ["0009-demo.patch"]
+    text = (patches_copy / "series" / "0009-demo.patch").read_text()
+    assert text.endswith("--- a/f.py\n+++ b/f.py\n" + early + late)
+    out, problems = overlay_tool.apply_series(
+        {"f.py": "a\nb\nc\nd\ne\nf\n"},
+        [overlay_tool.read_patch("0009-demo.patch")],
+    )
+    assert not problems
+    assert out["f.py"] == "a\nB\nc\nd\ne\nF\n"
+
+
 def test_a_port_gets_a_series_of_its_own_that_later_refreshes_keep(
     tmp_path, patches_copy
 ):
