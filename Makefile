@@ -80,7 +80,7 @@ MINOR_TESTS := test/tools/test_overlay.py test/distributed/test_store_session.py
 	test/inductor/test_collective_op_tuning_contracts.py test/inductor/test_collective_op_tuning_units.py \
 	test/inductor/test_collective_op_tuning_graphs.py test/inductor/test_collective_op_tuning_conformance.py \
 	test/inductor/test_collective_op_tuning_noncollective.py test/inductor/test_collective_op_tuning.py
-MINOR_SELECT := overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off
+MINOR_SELECT := overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off or one_winner
 
 test-2.13: overlay-2.13
 	$(VPY_213) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"

@@ -940,55 +940,108 @@ def break_range_impl_groups() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+_TWO_RANGES = [(1, 4), (5, math.inf)]
+
+
+def _implementation(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+# What autotune_custom_op returns for every range below: one winner.
+_WINNER = types.SimpleNamespace(
+    name="impl",
+    decomposition=_implementation,
+    decomposition_kwargs={},
+    config_patches={},
+)
+
+
+def _lower_two_ranges(
+    autotune: Callable[..., Any], lower_single: Callable[..., Any], inputs: list[Any]
+) -> None:
+    """custom_op._range_based_lowering_fn over _TWO_RANGES of an op with one
+    implementation, on ``inputs``, with autotune_custom_op and _lower_single_impl (one
+    winner for every range: inlined) replaced."""
+    from torch._inductor.kernel import custom_op
+
+    with (
+        mock.patch.object(custom_op, "autotune_custom_op", autotune),
+        mock.patch.object(custom_op, "_lower_single_impl", lower_single),
+    ):
+        custom_op._range_based_lowering_fn(
+            processed_configs=[custom_op.CustomOpConfig(_implementation)],
+            default_impl=_implementation,
+            name="op",
+            op_overload=None,
+            input_gen_fns=None,
+            tensor_name="x",
+            dim_index=0,
+            ranges=_TWO_RANGES,
+            tensor_inputs=inputs,
+            runtime_kwargs={},
+            range_upper_bound=64,
+        )
+
+
 def check_range_names() -> None:
     """The range-based lowering tunes each range under the name
     ``{name}_range_{start}_{end}`` (``inf`` for the last): dispatch.is_range,
     range_bounds and ladder_of find a range, its sizes and its ladder by that name."""
-    from torch._inductor.kernel import custom_op
     from torch._inductor.kernel.collective.dispatch import (
         is_range,
         range_bounds,
         range_name,
     )
 
-    def impl(x: torch.Tensor) -> torch.Tensor:
-        return x
-
     names: list[str] = []
-    winner = types.SimpleNamespace(
-        name="impl", decomposition=impl, decomposition_kwargs={}, config_patches={}
-    )
 
     def autotune(*args: Any, name: str, **kwargs: Any) -> Any:
         names.append(name)
-        return None, winner
+        return None, _WINNER
 
-    ranges = [(1, 4), (5, math.inf)]
-    with (
-        mock.patch.object(custom_op, "autotune_custom_op", autotune),
-        # One winner for every range: inlined, which is all the check skips.
-        mock.patch.object(custom_op, "_lower_single_impl", lambda *a, **k: None),
-    ):
-        custom_op._range_based_lowering_fn(
-            processed_configs=[custom_op.CustomOpConfig(impl)],
-            default_impl=impl,
-            name="op",
-            op_overload=None,
-            input_gen_fns=None,
-            tensor_name="x",
-            dim_index=0,
-            ranges=ranges,
-            tensor_inputs=[],
-            runtime_kwargs={},
-            range_upper_bound=64,
-        )
-    if names != [range_name("op", start, end) for start, end in ranges]:
+    _lower_two_ranges(autotune, lambda *a, **k: None, [])
+    if names != [range_name("op", start, end) for start, end in _TWO_RANGES]:
         raise ContractBroken(f"ranges (1, 4] and (5, inf) were tuned as {names}")
     if not all(is_range(n) for n in names) or [range_bounds(n) for n in names] != [
         (1, 4),
         (5, math.inf),
     ]:
         raise ContractBroken(f"the range names {names} do not give back their sizes")
+
+
+def check_one_winner_is_inlined_as_chosen() -> None:
+    """Where one implementation won every range, the range-based lowering inlines it
+    with _lower_single_impl, given the winning choice's ``decomposition`` itself and the
+    call site's inputs: choices._sharing_traces marks that decomposition with the
+    graph's traces, which traced_once shares with the choice's."""
+    inlined: list[tuple[Any, Any]] = []
+
+    def lower_single(implementation: Any, *args: Any, **kwargs: Any) -> None:
+        inputs = args[2] if len(args) > 2 else kwargs.get("tensor_inputs")
+        inlined.append((implementation, inputs))
+
+    site_inputs: list[Any] = []
+    _lower_two_ranges(lambda *a, **k: (None, _WINNER), lower_single, site_inputs)
+    if (
+        len(inlined) != 1
+        or inlined[0][0] is not _implementation
+        or inlined[0][1] is not site_inputs
+    ):
+        raise ContractBroken(
+            f"the winner of every range was not inlined as chosen: {inlined}"
+        )
+
+
+def break_one_winner_inlining() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel import custom_op
+
+    original = custom_op.ImplConfig
+
+    # The winner wrapped before it is inlined.
+    def wrapped(*args: Any, impl_func: Any, **kwargs: Any) -> Any:
+        return original(*args, impl_func=lambda *a, **k: impl_func(*a, **k), **kwargs)
+
+    return mock.patch.object(custom_op, "ImplConfig", wrapped)
 
 
 def break_range_names() -> contextlib.AbstractContextManager[Any]:
@@ -2155,6 +2208,12 @@ CONTRACTS: list[Contract] = [
         "collective/dispatch.py (is_range, range_bounds, ladder_of)",
         check_range_names,
         break_range_names,
+    ),
+    Contract(
+        "one winner of every range is inlined by _lower_single_impl, as chosen",
+        "choices._sharing_traces",
+        check_one_winner_is_inlined_as_chosen,
+        break_one_winner_inlining,
     ),
     Contract(
         "RangeImplGroup gives impl_func, impl_kwargs, impl_name and ranges",

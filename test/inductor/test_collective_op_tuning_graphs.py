@@ -277,6 +277,14 @@ def mixed_winners_body(r: Rank) -> dict:
         return sized_calls_body(r, (2, 30, 100), layers=4)
 
 
+def one_winner_body(r: Rank) -> dict:
+    # per_row_cost (1 ms a row, 16 at most in the ladder) wins every range against the
+    # op's own 40 ms: each of the three layers inlines it, no dispatch.
+    ops.register_all_reduce(ops.per_row_cost)
+    with torch._inductor.config.patch(collective_autotune_dynamic_max=16):
+        return sized_calls_body(r, (2, 9), layers=3, own_ms="40")
+
+
 def mixed_winner_layers(
     r: Rank, layers: int, trainable: bool = False
 ) -> tuple[Any, list[torch.Tensor]]:
@@ -759,6 +767,19 @@ class TestGraphSessions(CollectiveTestCase):
         # The range between two ranges that agree was not timed.
         by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
         assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
+
+    def test_layers_whose_op_has_one_winner_trace_it_once(self):
+        # One implementation wins every range: each layer inlines it without a dispatch,
+        # from the trace the first site's choices made (each site traced it again).
+        a, b = assert_all_ok(run_ranks(2, one_winner_body, timeout_s=150))
+        assert a["records"] == b["records"]
+        assert {r.winner for r in a["records"]} == {"per_row_cost"}, a["records"]
+        assert a["ran"] == b["ran"] == {2: ["per_row_cost"], 9: ["per_row_cost"]}
+        assert a["frames"] == 1 and a["dispatch_traces"] == 0
+        ranges = len({r.op for r in a["records"]})
+        for rank in (a, b):
+            traced = rank["per_row_cost_traced_at"]
+            assert traced and max(traced) < ranges, (ranges, traced)
 
     @parametrize("device", DEVICE_CASES)
     def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile(

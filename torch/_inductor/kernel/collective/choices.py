@@ -375,12 +375,14 @@ def traced_once(
     kwargs: dict[str, Any],
     input_nodes: Sequence[Any],
 ) -> Callable[..., torch.fx.GraphModule]:
-    """Upstream's ``trace`` of a choice (make_fx of ``implementation`` with ``kwargs``
-    on example inputs of the call site's ``input_nodes``), or, for an implementation
-    of a collective op while collective autotuning is on
-    (:func:`guarded_implementation`), a trace once per graph and input layout: later
-    calls take a copy of the first's trace, and the wrapper of each is marked as
-    tracing marked the first.
+    """Upstream's ``trace`` of a choice, or of the implementation that won every range
+    of a range-based op (which upstream inlines without a dispatch: make_fx of
+    ``implementation`` with ``kwargs`` on example inputs of the call site's
+    ``input_nodes``), or, for an implementation of a collective op while collective
+    autotuning is on (:func:`guarded_implementation`, :func:`_sharing_traces`), a
+    trace once per graph and input layout: later calls take a copy of the first's
+    trace, and the wrapper of each is marked as tracing marked the first. The winner
+    is inlined from the trace its choice took: a model's layers traced it again each.
 
     Upstream traces every range of a ladder's choices: torch 2.13 on, each on the same
     symbolic inputs, to the same graph, so each range after the first (eight by
@@ -419,15 +421,21 @@ def traced_once(
         from torch.fx.experimental.symbolic_shapes import free_symbols
 
         guards = len(V.graph.sizevars.shape_env.guards)
-        key = (repr(sorted(kwargs.items())), _layouts(inputs), guards)
+        # The trace on the site's own sizes (symbolic where they are), which the
+        # site's choices and the winner it inlines share.
+        site = (
+            repr(sorted(kwargs.items())),
+            tuple(map(layout_of, input_nodes)),
+            guards,
+        )
         at_static_sizes = not free_symbols(list(inputs)) and free_symbols(
             [n.get_size() for n in input_nodes]
         )
         if not at_static_sizes:
-            return shared(key, lambda: trace(*inputs))
-        # torch 2.11, a range of a ladder: one trace on the site's sizes serves every
-        # range; where there is none (None), each range is traced at its size.
-        any_size = (key[0], "the site's sizes", guards)
+            return shared(site, lambda: trace(*inputs))
+        # torch 2.11, a range of a ladder: the trace on the site's sizes serves every
+        # range; where that trace would guard them, each range is traced at its size.
+        refused = (*site, "guards the site's sizes")
 
         def size_generic() -> torch.fx.GraphModule:
             from torch._inductor.kernel.collective.choice_modules import (
@@ -436,21 +444,30 @@ def traced_once(
 
             return trace_on_symbolic_sizes(implementation, kwargs, input_nodes)[0]
 
-        if any_size not in traces:
+        if refused not in traces:
             try:
-                return shared(any_size, size_generic)
+                return shared(site, size_generic)
             except Exception:  # a guard on the sizes, say
                 log.debug(
                     "%s is traced at each range's size",
                     implementation.__name__,
                     exc_info=True,
                 )
-                traces[any_size] = None
-        if traces[any_size] is None:
-            return shared(key, lambda: trace(*inputs))
-        return shared(any_size, size_generic)
+                traces[refused] = None
+        return shared((*site, _layouts(inputs)), lambda: trace(*inputs))
 
     return once
+
+
+def layout_of(node: Any) -> tuple[Any, ...]:
+    """What a module traced on IR node ``node`` depends on: its size, stride, dtype,
+    device."""
+    return (
+        str(node.get_size()),
+        str(node.get_stride()),
+        node.get_dtype(),
+        node.get_device(),
+    )
 
 
 def _layouts(inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -671,9 +688,33 @@ class RangeWinner:
             own = the_op_itself(op, schema_arguments(op), own_waits(op))
             return RangeWinner(name, own, {}, config_patches or {}, default)
         return RangeWinner(
-            name, dispatchable(decomposition), kwargs, config_patches or {}, default
+            name,
+            _sharing_traces(dispatchable(decomposition), decomposition),
+            kwargs,
+            config_patches or {},
+            default,
         )
 
     def output_node(self) -> Any:
         # Unused by the range-based lowering, so removed with the graph's dead code.
         return self.default.output_node() if self.default else None
+
+
+def _sharing_traces(
+    implementation: Callable[..., Any], guarded: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``implementation`` (what a size dispatch calls), traced once per graph by
+    :func:`traced_once` where it inlines alone, sharing the traces of its ``guarded``
+    implementation (the same graph: both wait at the output where its author did not).
+    Where one implementation won every range, each site inlines it so."""
+    traces = getattr(guarded, "traces", None)
+    if traces is None:  # not a collective op's implementation, or tuning is off
+        return implementation
+
+    @functools.wraps(implementation)
+    def shared(*args: Any, **kwargs: Any) -> Any:
+        return implementation(*args, **kwargs)
+
+    shared.traces = traces  # type: ignore[attr-defined]
+    shared.trace_failure = ""  # type: ignore[attr-defined]
+    return shared

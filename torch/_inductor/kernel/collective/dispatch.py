@@ -43,7 +43,7 @@ from torch._inductor.kernel.collective.choice_modules import (
     Neighbours,
     Stage,
 )
-from torch._inductor.kernel.collective.choices import copied_graph
+from torch._inductor.kernel.collective.choices import copied_graph, layout_of
 from torch._inductor.kernel.collective.detection import names_a_collective, op_name
 from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
@@ -296,7 +296,7 @@ def benchmark_module(
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
         stage,
-        *map(_layout_of, choice.input_nodes),
+        *map(layout_of, choice.input_nodes),
     )
     modules = _benchmark_modules.setdefault(V.graph, {})
     if key not in modules:
@@ -338,17 +338,6 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
         )
         log.debug("no size-generic module of %s", choice.name, exc_info=True)
         return None
-
-
-def _layout_of(node: Any) -> tuple[Any, ...]:
-    """What a module traced on IR node ``node`` depends on: its size, stride, dtype,
-    device."""
-    return (
-        str(node.get_size()),
-        str(node.get_stride()),
-        node.get_dtype(),
-        node.get_device(),
-    )
 
 
 def warm_up_sizes(upper: int | None = None) -> list[int]:
@@ -581,7 +570,7 @@ def _traced_dispatch_of(
             (top, group.impl_name, repr(sorted(group.impl_kwargs.items())))
             for top, group in branches
         ),
-        tuple(map(_layout_of, tensor_inputs)),
+        tuple(map(layout_of, tensor_inputs)),
     )
     traced = _traced_dispatches.setdefault(V.graph, {})
     if key not in traced:
