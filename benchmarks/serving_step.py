@@ -469,7 +469,7 @@ def measure_steps(
     bench: Bench, variants: dict[str, Variant], device: torch.device, rounds: int
 ) -> None:
     """Each variant's step at each size: the median of ``rounds`` samples taken
-    round-robin over the variants, slowest rank. Python's garbage collector is off
+    round-robin over the variants (each round from the next variant on), slowest rank. Python's garbage collector is off
     while sampling (as in timeit): a collection in one sample of a host-bound step
     would be charged to whichever variant it fell on."""
     gc.collect()
@@ -478,9 +478,15 @@ def measure_steps(
         for tokens in bench.tokens:
             x = model_input(bench, tokens, device, dynamic=False)
             samples: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(rounds):
-                for name, v in variants.items():
-                    samples[name].append(sample_us(v.models[tokens], x, bench.calls))
+            names = list(variants)
+            for r in range(rounds):
+                # Each round starts one variant further on: every variant takes every
+                # place of a round alike (a fixed order charges whatever a place costs,
+                # e.g. following the previous round's last variant, to one variant).
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    samples[name].append(
+                        sample_us(variants[name].models[tokens], x, bench.calls)
+                    )
             medians = group_max(
                 [statistics.median(samples[name]) for name in variants], device
             )
