@@ -66,12 +66,16 @@ lint: $(VENV)/.installed
 	$(VPY) -m ruff format --check $(LINTED)
 	$(VPY) -m ruff check $(LINTED)
 
-# Lint; torch 2.13 and 2.11; then every test self-spawning, then the rank tests with
-# every process a rank of torchrun.
+# Lint; torch 2.13 and 2.11; the rank tests with every process a rank of torchrun (2,
+# then 4 ranks); then every other test self-spawning: a test that passed on every rank
+# of a torchrun lane is not spawned again (test/conftest.py; `pytest test` alone runs
+# them all).
+PASSED := build/test-passed
 test: venvs lint overlay test-2.13 test-2.11
-	$(VPY) -m pytest test -q
-	$(VENV)/bin/torchrun --nproc_per_node=2 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
-	$(VENV)/bin/torchrun --nproc_per_node=4 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
+	rm -rf $(PASSED)
+	COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/2 $(VENV)/bin/torchrun --nproc_per_node=2 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
+	COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/4 $(VENV)/bin/torchrun --nproc_per_node=4 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
+	COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/2:$(PASSED)/4 $(VPY) -m pytest test -q
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the size
 # dispatch, upstream's test patterns on every rank, ops that do not communicate, the
