@@ -53,8 +53,9 @@ demo: overlay
 # Inductor's CPU backend checks each vector ISA the CPU lists by building a probe and
 # loading it in a fresh Python (an `import torch`, seconds here) once per process: each
 # spawned rank paid up to 30 s for it on torch 2.11. The tests take the ISAs as the CPU
-# lists them (gcc 12 builds each); a value set by the caller wins.
-export TORCHINDUCTOR_VEC_ISA_OK ?= 1
+# lists them (gcc 12 builds each); a value set by the caller wins. The demo and the GPU
+# targets keep Inductor's default.
+test test-2.13 test-2.11: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
 # Under torchrun, the files whose tests run on the job's ranks (cases of another world
 # size skip there). The others (units, contracts, the overlay, ops that do not
 # communicate) use no rank: under torchrun each rank would run them again, side by
