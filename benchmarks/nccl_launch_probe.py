@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections.abc import Callable
 
 import common
@@ -187,12 +188,16 @@ def main() -> None:
         names = list(variants)
         allocs_before = dict.fromkeys(names, 0)
         samples: dict[str, list[float]] = {n: [] for n in names}
+        # When each sample ended (Unix seconds), to read it against the GPU's clocks and
+        # power sampled beside the run (nvidia-smi).
+        ended: dict[str, list[float]] = {n: [] for n in names}
         for n in names:
             variants[n](x)
         for r in range(args.rounds):
             for n in names[r % len(names) :] + names[: r % len(names)]:
                 before = torch.cuda.memory_stats(device).get("num_device_alloc", 0)
                 samples[n].append(step_us(variants[n], x, args.calls))
+                ended[n].append(round(time.time(), 3))
                 allocs_before[n] += (
                     torch.cuda.memory_stats(device).get("num_device_alloc", 0) - before
                 )
@@ -206,6 +211,7 @@ def main() -> None:
                 "step_minus_kernels_us": round(step - kernels, 1),
                 "device_allocs_while_timed": allocs_before[n],
                 "samples_us": [round(s, 1) for s in samples[n]],
+                "samples_ended_at": ended[n],
                 "top_kernels_us": top,
             }
             print(

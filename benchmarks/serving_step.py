@@ -41,9 +41,11 @@ default mode). Per mode:
 
 Every variant is compiled and warmed up first (the host's µs per call are taken too: the
 guard check and the launches, device not waited for); then each size's step is sampled
-round-robin over the variants (``ROUNDS`` samples of ``calls`` back-to-back calls each,
-median, slowest rank, Python's garbage collector off; every sample is kept), so that a
-drift of the machine hits every variant alike; the goals are judged on the median of
+in rounds, every variant once a round in an order of the round's own, each sample after
+as many untimed calls of its own variant (``ROUNDS`` samples of ``calls`` back-to-back
+calls each, median, slowest rank, Python's garbage collector off; every sample is kept),
+so that a drift of the machine, or a power-capped GPU's clocks set by what ran before,
+hits every variant alike; the goals are judged on the median of
 each round's pair of samples (``paired_pct``). Each
 variant counts its compiles (recompiles: compiles - 1 for a dynamic variant) and
 Inductor's cudagraph skips (``counters["inductor"]["cudagraph_skips"]``). The dynamic
@@ -85,6 +87,7 @@ import faulthandler
 import gc
 import math
 import os
+import random
 import statistics
 import time
 from typing import Any
@@ -259,6 +262,10 @@ class Variant:
     # Per size: every sample (µs per call, the slowest rank's in that round), in the order
     # taken, to tell a bimodal or drifting step from a slower one.
     samples_us: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    # When each sample ended (Unix seconds, rank 0's clock), to read a sample against the
+    # GPU's clocks and power logged beside the run (a power-capped GPU's clocks follow
+    # what ran just before).
+    samples_ended_at: dict[int, list[float]] = dataclasses.field(default_factory=dict)
     compiles: int = 0
     cudagraph_skips: int = 0
     compile_s: float = 0.0
@@ -468,9 +475,15 @@ def host_us(fn: Callable, x: torch.Tensor) -> float:
 def measure_steps(
     bench: Bench, variants: dict[str, Variant], device: torch.device, rounds: int
 ) -> None:
-    """Each variant's step at each size: the median of ``rounds`` samples taken
-    round-robin over the variants (each round from the next variant on), slowest rank. Python's garbage collector is off
-    while sampling (as in timeit): a collection in one sample of a host-bound step
+    """Each variant's step at each size: the median of ``rounds`` samples, one per
+    variant a round, slowest rank. Each round takes the variants in an order of its own
+    (seeded by the round, the same on every rank) and each sample follows as many calls
+    of its own variant, untimed. A power-capped GPU (one H200 at 16384 tokens: at its
+    700 W cap in every sample) clocks a sample by what ran just before it: in a fixed
+    cycle the variant after a light one (symmetric memory at world 1) read 22% higher
+    clocks and 5% faster steps than the same code after a heavy one
+    (``results/power_cap_order_h200x1_2026-12-03.md``). Python's garbage collector is
+    off while sampling (as in timeit): a collection in one sample of a host-bound step
     would be charged to whichever variant it fell on."""
     gc.collect()
     gc.disable()
@@ -478,21 +491,22 @@ def measure_steps(
         for tokens in bench.tokens:
             x = model_input(bench, tokens, device, dynamic=False)
             samples: dict[str, list[float]] = {name: [] for name in variants}
+            ended: dict[str, list[float]] = {name: [] for name in variants}
             names = list(variants)
             for r in range(rounds):
-                # Each round starts one variant further on: every variant takes every
-                # place of a round alike (a fixed order charges whatever a place costs,
-                # e.g. following the previous round's last variant, to one variant).
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    samples[name].append(
-                        sample_us(variants[name].models[tokens], x, bench.calls)
-                    )
+                for name in random.Random(r).sample(names, len(names)):
+                    model = variants[name].models[tokens]
+                    for _ in range(bench.calls):  # the GPU settles on this variant
+                        model(x)
+                    samples[name].append(sample_us(model, x, bench.calls))
+                    ended[name].append(round(time.time(), 3))
             medians = group_max(
                 [statistics.median(samples[name]) for name in variants], device
             )
             for name, us in zip(variants, medians):
                 variants[name].step_us[tokens] = us
                 variants[name].samples_us[tokens] = group_max(samples[name], device)
+                variants[name].samples_ended_at[tokens] = ended[name]
             hosts = group_max(
                 [host_us(v.models[tokens], x) for v in variants.values()], device
             )
@@ -740,6 +754,9 @@ def run_mode(
                 "step_us": {k: v.step_us[tokens] for k, v in variants.items()},
                 "host_us": {k: v.host_us[tokens] for k, v in variants.items()},
                 "samples_us": {k: v.samples_us[tokens] for k, v in variants.items()},
+                "samples_ended_at": {
+                    k: v.samples_ended_at[tokens] for k, v in variants.items()
+                },
                 "best": best,
                 "loss_pct": pct(dynamic, fastest),
                 # The issue's yardstick: the best model compiled once, dynamically, with one
