@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -139,6 +140,18 @@ def assert_close_sum(out: torch.Tensor, reference: torch.Tensor) -> None:
 
 
 # -- collectives of the harness, and timing ----------------------------------------------
+
+
+def sampling_order(names: Sequence[str], rounds: int) -> Iterator[str]:
+    """Which variant to sample next: every variant once a round, each round in an order
+    of its own, seeded by the round (the same on every rank: collective samples stay in
+    lockstep). A power-capped GPU clocks a sample by what ran just before it, and a fixed
+    cycle gives each variant the same predecessor in every round: on one H200 at 16384
+    tokens the variant after a light one sampled at 22% higher clocks
+    (results/power_cap_order_h200x1_2026-12-03.md). Callers also run each variant untimed
+    before its sample, so that the GPU has settled on it."""
+    for r in range(rounds):
+        yield from random.Random(r).sample(list(names), len(names))
 
 
 def group_max(values: Sequence[float], device: torch.device) -> list[float]:

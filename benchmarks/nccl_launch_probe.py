@@ -11,11 +11,16 @@ NCCL is launched: ``dist.all_reduce(async_op=False)`` runs on the current stream
 ``async_op=True`` and the functional ops on ProcessGroupNCCL's own stream behind events,
 the functional ops stashing their tensor until ``wait_tensor``.
 
-Per way and size: the step (median of rotating rounds, µs), the sum of its kernels' device
-time (torch.profiler) and the step's time no kernel accounts for, and the caching
-allocator's device allocations while timed (a block held for another stream is not reused).
+Per way and size: the step (median of rounds in common.sampling_order, each sample after
+as many untimed calls, µs), the sum of its kernels' device time (torch.profiler) and the
+step's time no kernel accounts for, and the caching allocator's device allocations while
+timed (a block held for another stream is not reused).
 
     torchrun --nproc_per_node=1 benchmarks/nccl_launch_probe.py --out probe.json
+
+Measured (one H200, results/power_cap_order_h200x1_2026-12-03.md; rounds then rotated a
+fixed cycle, without the untimed calls): in place, every launch costs the step no
+all-reduce costs; the kernels' sum is no measure, as it follows the power-capped clock.
 """
 
 from __future__ import annotations
@@ -186,21 +191,22 @@ def main() -> None:
                             model(x)
                         variants[f"compiled-{mode}-{shape}/{way}"] = model
         names = list(variants)
-        allocs_before = dict.fromkeys(names, 0)
+        allocs = dict.fromkeys(names, 0)
         samples: dict[str, list[float]] = {n: [] for n in names}
         # When each sample ended (Unix seconds), to read it against the GPU's clocks and
         # power sampled beside the run (nvidia-smi).
         ended: dict[str, list[float]] = {n: [] for n in names}
         for n in names:
             variants[n](x)
-        for r in range(args.rounds):
-            for n in names[r % len(names) :] + names[: r % len(names)]:
-                before = torch.cuda.memory_stats(device).get("num_device_alloc", 0)
-                samples[n].append(step_us(variants[n], x, args.calls))
-                ended[n].append(round(time.time(), 3))
-                allocs_before[n] += (
-                    torch.cuda.memory_stats(device).get("num_device_alloc", 0) - before
-                )
+        for n in common.sampling_order(names, args.rounds):
+            for _ in range(args.calls):  # the GPU settles on this variant
+                variants[n](x)
+            before = torch.cuda.memory_stats(device).get("num_device_alloc", 0)
+            samples[n].append(step_us(variants[n], x, args.calls))
+            ended[n].append(round(time.time(), 3))
+            allocs[n] += (
+                torch.cuda.memory_stats(device).get("num_device_alloc", 0) - before
+            )
         rows = {}
         for n in names:
             kernels, top = kernel_us(variants[n], x, 5)
@@ -209,14 +215,14 @@ def main() -> None:
                 "step_us": round(step, 1),
                 "kernels_us": round(kernels, 1),
                 "step_minus_kernels_us": round(step - kernels, 1),
-                "device_allocs_while_timed": allocs_before[n],
+                "device_allocs_while_timed": allocs[n],
                 "samples_us": [round(s, 1) for s in samples[n]],
                 "samples_ended_at": ended[n],
                 "top_kernels_us": top,
             }
             print(
                 f"{tokens:6d} {n:38s} step {step:8.1f} kernels {kernels:8.1f} "
-                f"gap {step - kernels:7.1f} allocs {allocs_before[n]}",
+                f"gap {step - kernels:7.1f} allocs {allocs[n]}",
                 flush=True,
             )
         result["sizes"][str(tokens)] = rows

@@ -87,7 +87,6 @@ import faulthandler
 import gc
 import math
 import os
-import random
 import statistics
 import time
 from typing import Any
@@ -118,6 +117,7 @@ from common import (
     init_process_group,
     pct,
     rounded,
+    sampling_order,
     size_label,
     token_input,
     verdict,
@@ -476,15 +476,11 @@ def measure_steps(
     bench: Bench, variants: dict[str, Variant], device: torch.device, rounds: int
 ) -> None:
     """Each variant's step at each size: the median of ``rounds`` samples, one per
-    variant a round, slowest rank. Each round takes the variants in an order of its own
-    (seeded by the round, the same on every rank) and each sample follows as many calls
-    of its own variant, untimed. A power-capped GPU (one H200 at 16384 tokens: at its
-    700 W cap in every sample) clocks a sample by what ran just before it: in a fixed
-    cycle the variant after a light one (symmetric memory at world 1) read 22% higher
-    clocks and 5% faster steps than the same code after a heavy one
-    (``results/power_cap_order_h200x1_2026-12-03.md``). Python's garbage collector is
-    off while sampling (as in timeit): a collection in one sample of a host-bound step
-    would be charged to whichever variant it fell on."""
+    variant a round in ``sampling_order``, slowest rank; each sample follows as many
+    calls of its own variant, untimed (a power-capped GPU's clocks follow what ran
+    before). Python's garbage collector is off while sampling (as in timeit): a
+    collection in one sample of a host-bound step would be charged to whichever variant
+    it fell on."""
     gc.collect()
     gc.disable()
     try:
@@ -492,14 +488,12 @@ def measure_steps(
             x = model_input(bench, tokens, device, dynamic=False)
             samples: dict[str, list[float]] = {name: [] for name in variants}
             ended: dict[str, list[float]] = {name: [] for name in variants}
-            names = list(variants)
-            for r in range(rounds):
-                for name in random.Random(r).sample(names, len(names)):
-                    model = variants[name].models[tokens]
-                    for _ in range(bench.calls):  # the GPU settles on this variant
-                        model(x)
-                    samples[name].append(sample_us(model, x, bench.calls))
-                    ended[name].append(round(time.time(), 3))
+            for name in sampling_order(list(variants), rounds):
+                model = variants[name].models[tokens]
+                for _ in range(bench.calls):  # the GPU settles on this variant
+                    model(x)
+                samples[name].append(sample_us(model, x, bench.calls))
+                ended[name].append(round(time.time(), 3))
             medians = group_max(
                 [statistics.median(samples[name]) for name in variants], device
             )
