@@ -12,9 +12,9 @@ NCCL is launched: ``dist.all_reduce(async_op=False)`` runs on the current stream
 the functional ops stashing their tensor until ``wait_tensor``.
 
 Per way and size: the step (median of rounds in common.sampling_order, each sample after
-as many untimed calls, µs), the sum of its kernels' device time (torch.profiler) and the
-step's time no kernel accounts for, and the caching allocator's device allocations while
-timed (a block held for another stream is not reused).
+as many untimed calls, µs), the sum of its kernels' device time (torch.profiler, through
+dynamic_kernels.kernel_us) and the caching allocator's device allocations while timed (a
+block held for another stream is not reused).
 
     torchrun --nproc_per_node=1 benchmarks/nccl_launch_probe.py --out probe.json
 
@@ -33,6 +33,7 @@ from collections.abc import Callable
 import common
 import torch
 import torch.distributed as dist
+from dynamic_kernels import kernel_us  # benchmarks/, the script's own directory
 from torch.fx.experimental import _config as fx_config
 
 fc = torch.ops._c10d_functional
@@ -114,25 +115,6 @@ def step_us(fn: Callable, x: torch.Tensor, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def kernel_us(
-    fn: Callable, x: torch.Tensor, calls: int
-) -> tuple[float, dict[str, float]]:
-    """Device time of the kernels (and copies) of one call, and its largest kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(x)
-        torch.cuda.synchronize()
-    per_name: dict[str, float] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_name[e.name] = per_name.get(e.name, 0.0) + e.device_time / calls
-    top = dict(sorted(per_name.items(), key=lambda kv: -kv[1])[:6])
-    return sum(per_name.values()), {k[:80]: round(v, 1) for k, v in top.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", default="4096,16384")
@@ -209,20 +191,22 @@ def main() -> None:
             )
         rows = {}
         for n in names:
-            kernels, top = kernel_us(variants[n], x, 5)
+            per_kernel = kernel_us(variants[n], x)
+            kernels = sum(per_kernel.values())
             step = statistics.median(samples[n])
             rows[n] = {
                 "step_us": round(step, 1),
                 "kernels_us": round(kernels, 1),
-                "step_minus_kernels_us": round(step - kernels, 1),
                 "device_allocs_while_timed": allocs[n],
                 "samples_us": [round(s, 1) for s in samples[n]],
                 "samples_ended_at": ended[n],
-                "top_kernels_us": top,
+                "top_kernels_us": dict(
+                    sorted(per_kernel.items(), key=lambda kv: -kv[1])[:6]
+                ),
             }
             print(
                 f"{tokens:6d} {n:38s} step {step:8.1f} kernels {kernels:8.1f} "
-                f"gap {step - kernels:7.1f} allocs {allocs[n]}",
+                f"allocs {allocs[n]}",
                 flush=True,
             )
         result["sizes"][str(tokens)] = rows
