@@ -423,11 +423,58 @@ def settled_cold_job(
 ) -> tuple[Path, Any]:
     """Run ``job`` on fresh cache directories under ``root`` until no record that
     ``records`` finds in its result is provisional; the directories and that result."""
+    attempts = []
     for attempt in range(SETTLE_ATTEMPTS):
         where = root / f"attempt{attempt}"
         result = job(where)
-        if not any(r.provisional for r in records(result)):
+        provisional = [r for r in records(result) if r.provisional]
+        if not provisional:
             return where, result
+        attempts.append(
+            f"attempt {attempt}: {len(provisional)} provisional, e.g. "
+            + (
+                provisional[0].confidence.describe()
+                if provisional[0].confidence is not None
+                else provisional[0].reason
+            )
+        )
+    # What kept the host busy: a process that an earlier test left running is the
+    # usual cause on the 2-core CI VM, and nothing else names it.
     raise AssertionError(
-        f"every one of {SETTLE_ATTEMPTS} cold jobs timed on a host it measured busy"
+        f"every one of {SETTLE_ATTEMPTS} cold jobs timed on a host it measured busy:\n"
+        + "\n".join(attempts)
+        + "\nbusiest processes over the next second (CPU seconds, pid, command):\n"
+        + "\n".join(busiest_processes())
     )
+
+
+def busiest_processes(count: int = 5, window_s: float = 1.0) -> list[str]:
+    """The processes of this host that used the most CPU over ``window_s``, from /proc
+    (Linux); none elsewhere."""
+
+    def cpu_ticks() -> dict[int, int]:
+        ticks = {}
+        for entry in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # utime and stime: fields 14 and 15, after the parenthesised name.
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+        return ticks
+
+    before = cpu_ticks()
+    time.sleep(window_s)
+    used = sorted(
+        ((t - before.get(pid, t), pid) for pid, t in cpu_ticks().items()),
+        reverse=True,
+    )
+    hz = os.sysconf("SC_CLK_TCK")
+    lines = []
+    for ticks, pid in used[:count]:
+        if ticks <= 0:
+            break
+        with contextlib.suppress(OSError):
+            command = (
+                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            )
+            lines.append(f"  {ticks / hz:.2f} {pid} {command[:160]}")
+    return lines or ["  (none measured)"]
