@@ -281,8 +281,12 @@ def one_winner_body(r: Rank) -> dict:
     # per_row_cost (1 ms a row, 16 at most in the ladder) wins every range against the
     # op's own 40 ms: each of the three layers inlines it, no dispatch.
     ops.register_all_reduce(ops.per_row_cost)
-    with torch._inductor.config.patch(collective_autotune_dynamic_max=16):
-        return sized_calls_body(r, (2, 9), layers=3, own_ms="40")
+    with (
+        torch._inductor.config.patch(collective_autotune_dynamic_max=16),
+        logged_messages("torch._inductor.kernel.custom_op", logging.WARNING) as warned,
+    ):
+        result = sized_calls_body(r, (2, 9), layers=3, own_ms="40")
+    return {**result, "custom_op_warnings": list(warned)}
 
 
 def mixed_winner_layers(
@@ -412,18 +416,19 @@ def recompile_reasons() -> Any:
 
 
 @contextlib.contextmanager
-def info_messages(name: str) -> Any:
-    """The messages logged at INFO and above by logger ``name`` in the block."""
+def logged_messages(name: str, level: int = logging.INFO) -> Any:
+    """The messages logged at ``level`` and above by logger ``name`` in the block."""
     handler = _Messages()
+    handler.setLevel(level)
     logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.INFO)
+    before = logger.level
+    logger.setLevel(min(level, logger.getEffectiveLevel()))
     logger.addHandler(handler)
     try:
         yield handler.messages
     finally:
         logger.removeHandler(handler)
-        logger.setLevel(level)
+        logger.setLevel(before)
 
 
 # How a test forbids range graphs, besides the knob: Dynamo's options.
@@ -463,7 +468,7 @@ def range_graphs_body(
         # for it, as the docs say): with the warm-up only, which visits 1.
         fx_config.patch(backed_size_oblivious=warm_up),
         recompile_reasons() as reasons,
-        info_messages("torch._inductor.kernel.collective.dispatch") as dispatch_log,
+        logged_messages("torch._inductor.kernel.collective.dispatch") as dispatch_log,
     ):
         sizes = (
             (8, *warm_up_sizes(), 2, 3, 20, 30, 100, 200, 1)
@@ -554,7 +559,7 @@ def data_dependent_size_body(r: Rank) -> dict:
     with (
         torch._inductor.config.patch(collective_autotune_dynamic_max=256),
         torch._dynamo.config.patch(capture_scalar_outputs=True),
-        info_messages("torch._inductor.kernel.collective.dispatch") as logged,
+        logged_messages("torch._inductor.kernel.collective.dispatch") as logged,
     ):
         for n in (8, 2, 30, 100, 200):
             ops.ran.clear()
@@ -780,6 +785,9 @@ class TestGraphSessions(CollectiveTestCase):
         for rank in (a, b):
             traced = rank["per_row_cost_traced_at"]
             assert traced and max(traced) < ranges, (ranges, traced)
+            # Inlining the winner with the arguments it was tuned with is no conflict
+            # between its settings and the call's (torch 2.11 warned at every site).
+            assert rank["custom_op_warnings"] == [], rank["custom_op_warnings"]
 
     @parametrize("device", DEVICE_CASES)
     def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile(
