@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU validation needs, on a machine whose python3 has torch 2.11/2.13:
-#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,dynamic,serving,kernels,torchrun,spawn]
+#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,compile,compile-graphs,dynamic,serving,kernels,torchrun,spawn]
 # (NPROC=2 on a 4-GPU machine: run it with CUDA_VISIBLE_DEVICES=0,1)
 # Logs and JSON land in OUTDIR. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as the machine sets them).
@@ -31,6 +31,15 @@ fi
 if has overhead; then
   # Cold and warm compiles of a 32-layer TP model, the op tuned and untuned (five jobs).
   timeout 420 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --out "$OUT/compile_overhead_h200x$N.json" > "$OUT/overhead_n$N.log" 2>&1; echo "overhead rc=$?"
+fi
+if has compile; then
+  # What tuning adds to the serving model's cold start (dynamic, 8 layers), default mode: four rounds of
+  # the four jobs, the median of each round's tuned minus untuned job (about 440 s: a call of its own).
+  timeout 560 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --layers 8 --hidden 4096 --tokens 100 --dynamic --rounds 4 --out "$OUT/compile_jobs_h200x${N}_default.json" > "$OUT/compile_n$N.log" 2>&1; echo "compile rc=$?"
+fi
+if has compile-graphs; then
+  # The same under CUDA graphs (reduce-overhead): a call of its own.
+  timeout 560 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --layers 8 --hidden 4096 --tokens 100 --dynamic --rounds 4 --mode reduce-overhead --out "$OUT/compile_jobs_h200x${N}_reduce-overhead.json" > "$OUT/compile_graphs_n$N.log" 2>&1; echo "compile-graphs rc=$?"
 fi
 if has dynamic; then
   # One compile with a dynamic token dimension, run at 1 .. 16384 tokens.
