@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the GPU validation needs, on a machine whose python3 has torch 2.11/2.13:
-#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,compile,compile-graphs,dynamic,serving,kernels,torchrun,spawn]
+#   bash benchmarks/run_gpu_validation.sh NPROC OUTDIR [all | comma-list of demo,sweep,overhead,compile,compile-graphs,dynamic,serving,serving-eager,kernels,torchrun,spawn]
+#   (SERVING_ARGS="--no-producer" SERVING_TAG=_noproducer ... serving: the model without a producer)
 # (NPROC=2 on a 4-GPU machine: run it with CUDA_VISIBLE_DEVICES=0,1)
 # Logs and JSON land in OUTDIR. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and
 # TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are left as the machine sets them).
@@ -45,11 +46,20 @@ if has dynamic; then
   # One compile with a dynamic token dimension, run at 1 .. 16384 tokens.
   timeout 330 torchrun --nproc_per_node="$N" benchmarks/dynamic_sweep.py --out "$OUT/dynamic_h200x$N.json" > "$OUT/dynamic_n$N.log" 2>&1; echo "dynamic rc=$?"
 fi
-if has serving; then
-  # An 8-layer model's step time at 1 .. 16384 tokens: one dynamic compile, static compiles, each implementation
-  # alone; and each one's device time per kernel.
-  timeout 420 torchrun --nproc_per_node="$N" benchmarks/serving_step.py --kernels --out "$OUT/serving_h200x$N.json" > "$OUT/serving_n$N.log" 2>&1; echo "serving rc=$?"
-fi
+# An 8-layer model's step time at 1 .. 16384 tokens: one dynamic compile, static compiles, each implementation
+# alone, one mode per item (each 250-350 s on 2 H200s with the settled sampling order: a call each), with the
+# GPU's clocks beside it (a power-capped GPU clocks a sample by what ran before). SERVING_ARGS adds flags
+# (--no-producer, --kernels, --pointwise-autotune off).
+serving_mode() {
+  local mode=$1 tag="serving_h200x${N}_$1${SERVING_TAG:-}"
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,noheader -lms 100 > "$OUT/${tag}_smi.csv" 2>&1 &
+  local smi=$!
+  timeout 560 torchrun --nproc_per_node="$N" benchmarks/serving_step.py --modes "$mode" ${SERVING_ARGS:-} --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1; echo "serving $mode rc=$?"
+  kill "$smi"
+}
+if has serving; then serving_mode graph; fi
+if has serving-eager; then serving_mode eager; fi
 if has kernels; then
   # Inductor's own kernels for a dynamic token dimension against static ones (one GPU, no collective).
   timeout 120 python3 benchmarks/dynamic_kernels.py --out "$OUT/dynamic_kernels_h200x1.json" > "$OUT/kernels.log" 2>&1; echo "kernels rc=$?"
