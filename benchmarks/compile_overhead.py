@@ -418,8 +418,10 @@ def launch(
 def merge(
     rounds: list[dict[str, dict[str, Any]]], model_cfg: ModelConfig
 ) -> dict[str, Any]:
-    """Every job's result, run by run: medians over the rounds where a number is timed,
-    the worst round where a count is checked (every warm job must benchmark nothing)."""
+    """Every job's result, run by run: the compile time's median over the rounds (each
+    round's in ``compile_s_rounds``), the worst round where a count is checked (every
+    warm job must benchmark nothing); per-rank times, where tuning went and the compile
+    phases are the first round's."""
     first = rounds[0]["untuned_cold"]
     runs = {}
     for name in (f"{variant}_{phase}" for variant, phase in RUNS):
