@@ -48,7 +48,11 @@ from torch._inductor.runtime.collective_benchmarking import (
 # not trusted. Measured on 2 gloo ranks on 2 cores: quiet 0.01-0.12 (milliseconds of
 # work per call) and 0.04-0.26 (microsecond collectives, woken thousands of times a
 # second: a demo job's decision is provisional about one time in four there); one busy
-# process beside them 0.28-0.45.
+# process beside them 0.28-0.45. A VM's stolen CPU time (/proc/stat's steal) is not
+# counted: on that VM it read 0.28-0.51 of the host's CPU time whenever the two ranks
+# timed their choices, which picked the same winner in 4 jobs of 4 all the same (a
+# level of steal slows every choice; it does not say which readings it biased), and
+# counting it made every pick there provisional.
 CONTENTION_LIMIT = 0.2
 
 
