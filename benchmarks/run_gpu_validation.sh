@@ -33,15 +33,14 @@ if has overhead; then
   # Cold and warm compiles of a 32-layer TP model, the op tuned and untuned (five jobs).
   timeout 420 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --out "$OUT/compile_overhead_h200x$N.json" > "$OUT/overhead_n$N.log" 2>&1; echo "overhead rc=$?"
 fi
-if has compile; then
-  # What tuning adds to the serving model's cold start (dynamic, 8 layers), default mode: four rounds of
-  # the four jobs, the median of each round's tuned minus untuned job (about 440 s: a call of its own).
-  timeout 560 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --layers 8 --hidden 4096 --tokens 100 --dynamic --rounds 4 --out "$OUT/compile_jobs_h200x${N}_default.json" > "$OUT/compile_n$N.log" 2>&1; echo "compile rc=$?"
-fi
-if has compile-graphs; then
-  # The same under CUDA graphs (reduce-overhead): a call of its own.
-  timeout 560 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --layers 8 --hidden 4096 --tokens 100 --dynamic --rounds 4 --mode reduce-overhead --out "$OUT/compile_jobs_h200x${N}_reduce-overhead.json" > "$OUT/compile_graphs_n$N.log" 2>&1; echo "compile-graphs rc=$?"
-fi
+# What tuning adds to the serving model's cold start (dynamic, 8 layers) in one mode: four rounds of the
+# four jobs, the median of each round's tuned minus untuned job (about 440 s: a call per mode).
+compile_jobs() {
+  local mode=$1 tag="compile_jobs_h200x${N}_$1"
+  timeout 560 python3 benchmarks/compile_overhead.py all --nproc "$N" --device cuda --layers 8 --hidden 4096 --tokens 100 --dynamic --rounds 4 --mode "$mode" --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1; echo "compile $mode rc=$?"
+}
+if has compile; then compile_jobs default; fi
+if has compile-graphs; then compile_jobs reduce-overhead; fi
 if has dynamic; then
   # One compile with a dynamic token dimension, run at 1 .. 16384 tokens.
   timeout 330 torchrun --nproc_per_node="$N" benchmarks/dynamic_sweep.py --out "$OUT/dynamic_h200x$N.json" > "$OUT/dynamic_n$N.log" 2>&1; echo "dynamic rc=$?"
