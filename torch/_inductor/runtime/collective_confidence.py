@@ -50,9 +50,9 @@ from torch._inductor.runtime.collective_benchmarking import (
 # second: a demo job's decision is provisional about one time in four there); one busy
 # process beside them 0.28-0.45. A VM's stolen CPU time (/proc/stat's steal) is not
 # counted: on that VM it read 0.28-0.51 of the host's CPU time whenever the two ranks
-# timed their choices, which picked the same winner in 4 jobs of 4 all the same (a
-# level of steal slows every choice; it does not say which readings it biased), and
-# counting it made every pick there provisional.
+# timed their choices, and the jobs picked the same winner, 4 of 4 (a level of steal
+# slows every choice; it does not say which readings it biased): counting it made
+# every pick there provisional.
 CONTENTION_LIMIT = 0.2
 
 
