@@ -667,6 +667,80 @@ def break_compile_callbacks() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def _unchecked_guards_seen(compile_model: Callable[[Callable], Any]) -> list[Any]:
+    """What range_graphs.unchecked_guards says inside the backend of one compile."""
+    from torch._inductor.kernel.collective.range_graphs import unchecked_guards
+
+    seen: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append(unchecked_guards())
+        # A backend's own tracing context (standalone_compile makes one).
+        fake_mode = torch._guards.detect_fake_mode(example_inputs)
+        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+            seen.append(unchecked_guards())
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        with contextlib.suppress(RuntimeError):  # aot_compile wants serializable code
+            compile_model(backend)
+    finally:
+        torch._dynamo.reset()
+    return seen
+
+
+def check_backends_see_whether_guards_are_checked() -> None:
+    """A backend sees the hooks of the frame Dynamo compiles
+    (convert_frame.compiling_frame_hooks, patch 0007) and the frame's SHAPE_ENV guard in
+    its tracing context; make_guard_filter_entry builds that guard's entry without a
+    builder, and the guard filters keep or drop it; aot_compile's backend call and a
+    backend's own tracing context have neither (range_graphs.unchecked_guards)."""
+    x = torch.randn(8, 4)
+    torch._dynamo.mark_dynamic(x, 0)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return t.sin() + 1
+
+    def compiled(guard_filter_fn: Any = None) -> Callable[[Callable], Any]:
+        options = {"guard_filter_fn": guard_filter_fn} if guard_filter_fn else {}
+        return lambda backend: torch.compile(
+            f, backend=backend, fullgraph=True, options=options
+        )(x)
+
+    plain, own_context = _unchecked_guards_seen(compiled())
+    if plain is not None:
+        raise ContractBroken(f"a plain torch.compile's guards read unchecked: {plain}")
+    if own_context is None:
+        raise ContractBroken(
+            "a backend's own tracing context reads as Dynamo's frame's"
+        )
+    kept, _ = _unchecked_guards_seen(
+        compiled(torch.compiler.keep_portable_guards_unsafe)
+    )
+    if kept is not None:
+        raise ContractBroken(f"keep_portable_guards_unsafe reads as dropping: {kept}")
+    dropped, _ = _unchecked_guards_seen(compiled(torch.compiler.skip_all_guards_unsafe))
+    if dropped is None or "skip_all_guards_unsafe" not in dropped:
+        raise ContractBroken(f"skip_all_guards_unsafe reads as keeping: {dropped}")
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        aot = _unchecked_guards_seen(
+            lambda backend: torch.compile(
+                f, backend=backend, fullgraph=True
+            ).aot_compile(((x,), {}))
+        )
+    if not aot or aot[0] is None:
+        raise ContractBroken(f"aot_compile's backend call reads as guarded: {aot}")
+
+
+def break_frame_hooks() -> contextlib.AbstractContextManager[Any]:
+    from torch._dynamo.hooks import Hooks
+
+    return mock.patch(
+        "torch._dynamo.convert_frame.compiling_frame_hooks", lambda: Hooks()
+    )
+
+
 def check_group_timeout_is_reachable() -> None:
     """A process group's backend keeps its timeout in ``options._timeout``, which
     dist.set_timeout (torch 2.14) or c10d._set_pg_timeout changes: the benchmark bounds
@@ -2075,6 +2149,14 @@ CONTRACTS: list[Contract] = [
         "graph_sessions.group_takes_cached_graph",
         check_cache_hits_ask_the_group,
         break_cache_hits,
+        needs_overlay=True,
+    ),
+    Contract(
+        "a backend sees whether Dynamo checks the guards it adds (frame hooks, "
+        "SHAPE_ENV guard, guard filters, aot_compile)",
+        "range_graphs.unchecked_guards",
+        check_backends_see_whether_guards_are_checked,
+        break_frame_hooks,
         needs_overlay=True,
     ),
     Contract(

@@ -35,6 +35,7 @@ import tempfile
 import time
 import traceback
 import unittest
+from unittest import mock
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -398,6 +399,36 @@ def compile_and_check(fn, *inputs):
     out = torch.compile(fn, fullgraph=True, dynamic=False)(*inputs)
     torch.testing.assert_close(out, fn(*inputs), rtol=1e-4, atol=1e-4)
     return collective_autotune_records()[start:]
+
+
+@contextlib.contextmanager
+def given_timings(cost: Callable[[str, int], float]) -> Iterator[None]:
+    """In the block, every collective benchmark reads ``cost(choice, rows)``
+    microseconds per call for each choice (its label, and the rows of the op's first
+    input, a ladder range's top size) where it would time a round of samples.
+
+    Everything else is as users run it: the session, its votes and decisions, the
+    correctness screen, sizing the samples, the rounds' early stop and the MAX
+    all-reduces, the pick and its confidence, the records, disk and caches. So a test
+    that checks what follows from a winner fixes the winner itself, whatever the
+    host's speed or load; the few tests of the timing itself time for real."""
+    from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarker
+
+    benchmark = CollectiveBenchmarker.benchmark
+
+    def given_benchmark(self, candidates, inputs, *args, **kwargs):
+        self._given = ([c.name for c in candidates], inputs.tensors[0].shape[0])
+        return benchmark(self, candidates, inputs, *args, **kwargs)
+
+    def given_round(self, batches, live, contention):
+        names, rows = self._given
+        return {i: float(cost(names[i], rows)) for i in live}, dict.fromkeys(live, 0.0)
+
+    with (
+        mock.patch.object(CollectiveBenchmarker, "benchmark", given_benchmark),
+        mock.patch.object(CollectiveBenchmarker, "_round", given_round),
+    ):
+        yield
 
 
 def assert_all_ok(results: list[RankResult]) -> list[Any]:

@@ -102,6 +102,17 @@ def _(x: torch.Tensor, tag: str) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("cat_test::boundary", mutates_args=())
+def boundary(x: torch.Tensor) -> torch.Tensor:
+    """``x``: an op a serving engine splits its graph at (vLLM's attention)."""
+    return x.clone()
+
+
+@boundary.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 @torch.library.custom_op("cat_test::all_reduce", mutates_args=())
 def all_reduce(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
     out = x.clone()
@@ -389,6 +400,17 @@ def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tenso
     (a 2-core machine's sleeps overshoot: 5.2 ms against per_row_cost's 4 at 4 rows was
     too close; a loaded one moved 4 rows to this op at 1.54x once)."""
     return opaque_all_reduce(x, group_name)
+
+
+def marked(name: str) -> Callable:
+    """An all-reduce that notes that it ran, as ``name``, and costs nothing more: its
+    cost is what the test gives (collective_harness.given_timings)."""
+
+    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+        return mark(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), name)
+
+    impl.__name__ = name
+    return impl
 
 
 def chunked_all_reduce(

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.collective.dispatch import range_bounds
+from torch._inductor.kernel.collective.dispatch import Incumbent, range_bounds
 from torch._inductor.kernel.collective.graph_sessions import SETTLED_IN_GRAPH
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -769,9 +769,11 @@ class TestGraphSessions(CollectiveTestCase):
     ):
         a, b = assert_all_ok(run_ranks(2, dynamic_body, device=device, timeout_s=150))
         assert_each_size_ran_its_winner(a, b, device)
-        # The range between two ranges that agree was not timed.
+        # The range between two ranges that agree was screened against every choice,
+        # and kept their winner.
         by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
-        assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings == ()
+        assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings
+        assert "screened against default" in by_size["17_64"].reason
 
     def test_layers_whose_op_has_one_winner_trace_it_once(self):
         # One implementation wins every range: each layer inlines it without a dispatch,
@@ -940,11 +942,12 @@ class TestGraphSessions(CollectiveTestCase):
             ChoiceTiming(n, us, us, 1, "ok") for n, us in zip(names, (12.0, 10.1, 10.0))
         ]
         # two_shot, 1% slower at the range's top, won the range below: it keeps this one.
-        winner, reason = pick(names, timings, 1.0, ("two_shot", "16"))
+        winner, reason = pick(names, timings, 1.0, Incumbent("two_shot", "16", False))
         assert winner == "two_shot" and "won at 16" in reason
         assert pick(names, timings, 1.0, None)[0] == "default"
         assert (
-            pick(names, timings, 1.0, ("one_shot", "16"))[0] == "default"
+            pick(names, timings, 1.0, Incumbent("one_shot", "16", False))[0]
+            == "default"
         )  # clearly faster
         # 10% apart by medians, but the samples overlap (eager launches at one token): noise
         # does not buy a size dispatch.
@@ -953,7 +956,9 @@ class TestGraphSessions(CollectiveTestCase):
             ChoiceTiming("default", 78.0, 78.0, 1, "ok", low_us=60.0, high_us=90.0),
         ]
         assert (
-            pick(["one_shot", "default"], noisy, 1.0, ("one_shot", "inf"))[0]
+            pick(
+                ["one_shot", "default"], noisy, 1.0, Incumbent("one_shot", "inf", False)
+            )[0]
             == "one_shot"
         )
         apart = [
@@ -961,11 +966,16 @@ class TestGraphSessions(CollectiveTestCase):
             dataclasses.replace(noisy[1], low_us=76.0, high_us=80.0),
         ]
         assert (
-            pick(["one_shot", "default"], apart, 1.0, ("one_shot", "inf"))[0]
+            pick(
+                ["one_shot", "default"], apart, 1.0, Incumbent("one_shot", "inf", False)
+            )[0]
             == "default"
         )
         # A user's min_speedup_threshold still favours the op's own implementation.
-        assert pick(names, timings, 1.2, ("two_shot", "16"))[0] == "default"
+        assert (
+            pick(names, timings, 1.2, Incumbent("two_shot", "16", False))[0]
+            == "default"
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_user_split_points_are_tuned_by_the_group_per_range(self, device):

@@ -24,8 +24,8 @@ from torch._inductor.kernel.collective.choices import code_identity, unwaited_co
 from torch._inductor.kernel.collective.dispatch import (
     _bisection_order,
     _branches,
-    interpolated,
-    tie_reference,
+    incumbent,
+    Incumbent,
 )
 from torch._inductor.kernel.collective.graph_sessions import (
     _decide_graph,
@@ -43,6 +43,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     _MAX_CALLS_PER_SAMPLE,
     _status,
     BenchmarkSettings,
+    Candidate,
     ChoiceStatus,
     is_collective_op,
     prune,
@@ -169,32 +170,47 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         for n in range(1, 20):
             assert sorted(_bisection_order(n)) == list(range(n))
 
-    def test_a_range_between_two_that_agree_takes_their_winner(self):
-        decided = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
-        assert interpolated(LADDER, "op_range_5_16", decided) == (
-            "a",
-            "the neighbouring sizes 1 and inf chose it too",
-        )
-        differ = {"op_range_1_1": "a", "op_range_65_inf": "b"}.get
-        assert interpolated(LADDER, "op_range_5_16", differ) is None
-        # The nearest decided neighbour counts, not the farthest.
-        nearest = {"op_range_1_1": "a", "op_range_2_4": "b", "op_range_65_inf": "b"}.get
-        assert interpolated(LADDER, "op_range_5_16", nearest)[0] == "b"
-        assert interpolated(LADDER, "op_range_1_1", decided) is None  # nothing below
-
     def test_a_range_keeps_the_nearest_decided_winner_below_else_above(self):
-        assert tie_reference(LADDER, "op_range_1_1", {}.get) is None
-        assert tie_reference(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == (
-            "x",
-            "4",
+        assert incumbent(LADDER, "op_range_1_1", {}.get) is None
+        assert incumbent(LADDER, "op_range_5_16", {"op_range_2_4": "x"}.get) == (
+            Incumbent("x", "4", between=False)
         )
         below_and_above = {"op_range_1_1": "x", "op_range_65_inf": "y"}.get
-        assert tie_reference(LADDER, "op_range_5_16", below_and_above) == ("x", "1")
-        # The smallest range, timed after the largest, has only ranges above.
-        assert tie_reference(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == (
-            "y",
-            "inf",
+        assert incumbent(LADDER, "op_range_5_16", below_and_above) == (
+            Incumbent("x", "1", between=False)
         )
+        # The smallest range, timed after the largest, has only ranges above.
+        assert incumbent(LADDER, "op_range_1_1", {"op_range_65_inf": "y"}.get) == (
+            Incumbent("y", "inf", between=False)
+        )
+
+    def test_a_range_between_two_that_agree_is_screened_against_their_winner(self):
+        agree = {"op_range_1_1": "a", "op_range_65_inf": "a"}.get
+        assert incumbent(LADDER, "op_range_5_16", agree) == Incumbent(
+            "a", "1 and inf", between=True
+        )
+        # The nearest decided neighbours count, not the farthest.
+        nearest = {"op_range_1_1": "a", "op_range_2_4": "b", "op_range_65_inf": "b"}.get
+        assert incumbent(LADDER, "op_range_5_16", nearest) == Incumbent(
+            "b", "4 and inf", between=True
+        )
+
+    def test_a_screen_stops_once_no_choice_is_clearly_faster_than_the_incumbent(self):
+        candidates = [Candidate(n, lambda: None) for n in ("a", "b", "c")]
+
+        def stops(low, high, incumbent, rounds=3):
+            mid = [(lo + hi) / 2 for lo, hi in zip(low, high)]
+            return prune(
+                [0, 1, 2], low, mid, high, set(), rounds, 3, candidates, incumbent
+            )[1]
+
+        # b leads a by less than the samples' spread: a, the incumbent, is unbeaten.
+        overlapping = ([10.0, 9.5, 30.0], [10.4, 10.2, 31.0])
+        assert stops(*overlapping, incumbent=0)
+        # Without an incumbent the tie needs twice the rounds.
+        assert not stops(*overlapping, incumbent=None)
+        # b and c clearly beat the incumbent and are close: sampling goes on.
+        assert not stops([10.0, 5.0, 5.05], [10.4, 5.2, 5.25], incumbent=0)
 
     def test_dispatch_branches_follow_sizes_and_merge_neighbours_only(self):
         a = _Group("a", [_Bounds(1, 4), _Bounds(65, math.inf)])

@@ -499,6 +499,7 @@ class CollectiveBenchmarker:
         inputs: ScreenInputs,
         reference: int = 0,
         keep: Sequence[int] = (),
+        incumbent: int | None = None,
     ) -> list[ChoiceTiming]:
         """Screen, calibrate and time ``candidates``; identical result on every rank.
 
@@ -507,7 +508,8 @@ class CollectiveBenchmarker:
         reproduce its output on the same ``inputs`` (restored before each screened
         call) and leave them as they were, or it is dropped on every rank. Candidates in
         ``keep`` are timed to the end even when clearly slower (a threshold compares
-        them).
+        them). Sampling stops once no candidate is clearly faster than
+        ``candidates[incumbent]``, where every rank names the same one.
         """
         with self._running(f"benchmarking {', '.join(c.name for c in candidates)}"):
             marks = [time.perf_counter()]
@@ -517,7 +519,7 @@ class CollectiveBenchmarker:
             marks.append(time.perf_counter())
             contention = [HostContention() for _ in candidates]
             samples, skews = self._sample(
-                candidates, batches, set(keep), first_call_us, contention
+                candidates, batches, set(keep), first_call_us, contention, incumbent
             )
             marks.append(time.perf_counter())
             timings = self._reduce(
@@ -773,6 +775,7 @@ class CollectiveBenchmarker:
         keep: set[int],
         first_call_us: list[float],
         contention: list[HostContention],
+        incumbent: int | None = None,
     ) -> tuple[list[list[float]], list[list[float]]]:
         samples: list[list[float]] = [[] for _ in candidates]
         skews: list[list[float]] = [[] for _ in candidates]
@@ -790,7 +793,7 @@ class CollectiveBenchmarker:
                     samples[i].clear()
                     skews[i].clear()
             if len(samples[live[0]]) >= self._min_rounds and len(live) > 1:
-                live, settled = self._prune(candidates, samples, live, keep)
+                live, settled = self._prune(candidates, samples, live, keep, incumbent)
                 if settled:
                     break
         return samples, skews
@@ -855,17 +858,22 @@ class CollectiveBenchmarker:
         samples: list[list[float]],
         live: list[int],
         keep: set[int],
+        incumbent: int | None,
     ) -> tuple[list[int], bool]:
         """Drop the clearly slower choices; whether sampling can stop.
 
-        A pure function of one MAX all-reduce, so identical on every rank.
+        A pure function of one MAX all-reduce, so identical on every rank: it also
+        carries each rank's ``incumbent``, which counts only where every rank names
+        the same one.
         """
         n = len(candidates)
         stats = [
             _quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)
         ]
-        reduced = self._all_reduce_max([q for s in stats for q in s])
-        low, mid, high = (reduced[k::3] for k in range(3))
+        named = -1.0 if incumbent is None else float(incumbent)
+        reduced = self._all_reduce_max([q for s in stats for q in s] + [named, -named])
+        low, mid, high = (reduced[k : 3 * n : 3] for k in range(3))
+        agreed = reduced[-2] == -reduced[-1] >= 0
         return prune(
             live,
             low,
@@ -875,6 +883,7 @@ class CollectiveBenchmarker:
             len(samples[live[0]]),
             self._min_rounds,
             candidates,
+            int(reduced[-2]) if agreed else None,
         )
 
     def _reduce(
@@ -1176,11 +1185,13 @@ def prune(
     rounds: int,
     min_rounds: int,
     candidates: Sequence[Candidate],
+    incumbent: int | None = None,
 ) -> tuple[list[int], bool]:
     """The choices still worth sampling after ``rounds`` rounds, from every choice's
     quartiles on its slowest rank, and whether sampling can stop: a choice whose lower
     quartile is clearly above the leader's upper quartile is dropped (unless in
-    ``keep``); sampling stops once the leader is alone or the rest tie with it."""
+    ``keep``); sampling stops once the leader is alone, the rest tie with it, or no
+    choice is clearly faster than the ``incumbent`` (a screen)."""
     leader = min(live, key=lambda i: mid[i])
     dropped = [
         i
@@ -1199,7 +1210,10 @@ def prune(
     tied = rounds >= 2 * min_rounds and all(
         mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
     )
-    return live, not rest or tied
+    unbeaten = incumbent in live and not any(
+        clearly_slower(low[incumbent], high[i]) for i in live if i != incumbent
+    )
+    return live, not rest or tied or unbeaten
 
 
 def _run_delay_ns() -> int | None:

@@ -87,6 +87,9 @@ class InlinedDecision:
     # Taken without the group's agreement on merit (a rank was absent): never loaded
     # by another job attempt.
     provisional: bool
+    # The size ranges the graph was guarded on (a range graph), "" for none: such a
+    # graph is loaded only where Dynamo checks its guards.
+    guarded_range: str = ""
 
 
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:

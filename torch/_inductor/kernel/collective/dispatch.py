@@ -13,19 +13,20 @@ ranges with one winner merge, and the generated code dispatches on the size at r
 time (:func:`lower_size_dispatch`: host code in the wrapper, CUDA graphs kept).
 
 Ranges are tuned coarse to fine: the largest and the smallest first, then the middle
-of every gap. A range whose nearest decided neighbours below and above chose the same
-implementation takes it without being timed (:func:`interpolated`); only the gaps
-where the winner changes are timed at every point. A timed range keeps the winner of
-its nearest decided range unless another choice is clearly faster at its top size
-(:func:`tie_reference`): noise does not buy a dispatch. Each implementation is compiled
-for the benchmark once, for any size (:func:`benchmark_module`), and timed at every
-range's size.
+of every gap. Every range is timed against every choice, and keeps the winner of its
+nearest decided range unless another choice is clearly faster at its top size
+(:func:`incumbent`): noise does not buy a dispatch. Where both neighbours chose the same
+winner the range is screened: its sampling stops once no choice is clearly faster than
+that winner, and a choice that wins only between them is still found. Each
+implementation is compiled for the benchmark once, for any size
+(:func:`benchmark_module`), and timed at every range's size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import re
@@ -45,8 +46,17 @@ from torch._inductor.kernel.collective.choice_modules import (
 )
 from torch._inductor.kernel.collective.choices import copied_graph, layout_of
 from torch._inductor.kernel.collective.detection import names_a_collective, op_name
-from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
+from torch._inductor.kernel.collective.range_graphs import (
+    known_span,
+    range_of_this_graph,
+)
+from torch._inductor.kernel.collective.records import (
+    keep_size_path,
+    SizePath,
+    SizePathRecord,
+)
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
+from torch._logging import trace_structured
 from torch.distributed._store_session import describe
 
 log = logging.getLogger(__name__)
@@ -219,38 +229,37 @@ def range_bounds(range_name_: str) -> tuple[int, float]:
     return int(start), math.inf if end == "inf" else float(end)
 
 
-def interpolated(
+@dataclasses.dataclass(frozen=True)
+class Incumbent:
+    """The winner a ladder range keeps unless another choice is clearly faster at its
+    top size (by the benchmark's own test for dropping a choice): one implementation
+    along the ladder needs no size dispatch, and noise must not buy one."""
+
+    winner: str
+    # The top sizes of the decided ranges it won: the nearest below, else above (the
+    # smallest range, timed after the largest), or both where both chose it.
+    won_at: str
+    # Both nearest decided neighbours chose it: the range is only screened, its
+    # sampling stopping once no choice is clearly faster than the incumbent.
+    between: bool
+
+
+def incumbent(
     ladder: Sequence[str], name: str, decided: Callable[[str], str | None]
-) -> tuple[str, str] | None:
-    """The winner of range ``name`` of ``ladder`` (range names in size order) without
-    timing it, and why: the common winner of its nearest decided neighbours below and
-    above, when they agree. ``decided`` gives a range's decision by its name (None
-    while undecided)."""
+) -> Incumbent | None:
+    """The incumbent of range ``name`` of ``ladder`` (range names in size order):
+    the winner of its nearest decided range below (a range's sizes lie below its top,
+    toward it), else above; None where no range is decided. ``decided`` gives a range's
+    decision by its name (None while undecided). Every range is timed: a choice that
+    wins only between two sizes that agree is found there."""
     below, above = (
         _nearest_decided(ladder, name, decided, -1),
         _nearest_decided(ladder, name, decided, 1),
     )
-    if below is None or above is None or below[1] != above[1]:
-        return None
-    return below[
-        1
-    ], f"the neighbouring sizes {_top(below[0])} and {_top(above[0])} chose it too"
-
-
-def tie_reference(
-    ladder: Sequence[str], name: str, decided: Callable[[str], str | None]
-) -> tuple[str, str] | None:
-    """The winner that range ``name`` of ``ladder`` keeps unless another choice is
-    clearly faster at its top size, and that range's top size: the nearest decided
-    range's below (a range's sizes lie below its top, toward it), else above (the
-    smallest range, timed after the largest). One implementation along the ladder
-    needs no size dispatch; where timings are within noise, switching would buy
-    nothing but the dispatch."""
-    for step in (-1, 1):
-        nearest = _nearest_decided(ladder, name, decided, step)
-        if nearest is not None:
-            return nearest[1], _top(nearest[0])
-    return None
+    if below is not None and above is not None and below[1] == above[1]:
+        return Incumbent(below[1], f"{_top(below[0])} and {_top(above[0])}", True)
+    nearest = below or above
+    return None if nearest is None else Incumbent(nearest[1], _top(nearest[0]), False)
 
 
 def _nearest_decided(
@@ -452,36 +461,76 @@ def _dispatch_of_this_graph(
     tensor_inputs: Sequence[Any],
 ) -> torch.fx.GraphModule:
     """The traced dispatch of :func:`lower_size_dispatch`: the winner of the range this
-    graph is compiled for alone, or every range's winner dispatched by size."""
+    graph is compiled for alone, or the winners of the ranges its sizes can lie in
+    dispatched by size; logged and recorded (``collective_autotune_size_paths()``)."""
     from torch._dynamo.utils import counters
 
-    described = ", ".join(
-        f"{g.impl_name} up to {int(t) if t != math.inf else 'any'}" for t, g in branches
-    )
+    winners = tuple((top, g.impl_name) for top, g in branches)
     size = tensor_inputs[0].get_size()[dim]
     cell, how = range_of_this_graph(size, [top for top, _ in branches])
     if cell is not None:
         counters["inductor"]["collective_autotune_range_graph_sites"] += 1
         taken = next((top, g) for top, g in branches if cell.high <= top)
         dispatch = _traced_dispatch_of(op, [taken], dim, runtime_kwargs, tensor_inputs)
+        path = (
+            SizePath.KNOWN_RANGE
+            if how.startswith("its sizes")
+            else SizePath.RANGE_GRAPH
+        )
+        record = SizePathRecord(name, path, how, str(cell), winners)
         log.info(
-            "%s: this graph is compiled for %s (%s), inlining %s (winners by size: "
-            "%s); a size outside fails collective autotuning's range guard, and Dynamo "
-            "compiles the graph for its range",
+            "%s: %s for %s, inlining %s (winners by size: %s): %s",
             name,
+            path.value,
             cell,
-            how,
             taken[1].impl_name,
-            described,
+            _described(winners),
+            how,
         )
     else:
         counters["inductor"]["collective_autotune_size_dispatches"] += 1
-        dispatch = _traced_dispatch_of(op, branches, dim, runtime_kwargs, tensor_inputs)
-        _name_branches_by_site(dispatch, name)
-        log.info(
-            "%s dispatches by size inside the graph (%s): %s", name, how, described
+        low, high, _ = known_span(size, [top for top, _ in branches])
+        reachable = _reachable(branches, low, high)
+        dispatch = _traced_dispatch_of(
+            op, reachable, dim, runtime_kwargs, tensor_inputs
         )
+        _name_branches_by_site(dispatch, name)
+        record = SizePathRecord(name, SizePath.SIZE_DISPATCH, how, "", winners)
+        log.info(
+            "%s dispatches by size inside the graph (%s): %s",
+            name,
+            _described(tuple((top, g.impl_name) for top, g in reachable)),
+            how,
+        )
+    keep_size_path(record)
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {
+            "name": "collective_autotuning_size_path",
+            "encoding": "json",
+        },
+        payload_fn=lambda: json.dumps(dataclasses.asdict(record), default=str),
+    )
     return dispatch
+
+
+def _described(winners: Sequence[tuple[float, str]]) -> str:
+    return ", ".join(
+        f"{w} up to {int(t) if t != math.inf else 'any'}" for t, w in winners
+    )
+
+
+def _reachable(
+    branches: list[tuple[float, Any]], low: float, high: float
+) -> list[tuple[float, Any]]:
+    """The branches whose sizes meet (low, high], the sizes a graph can run at: an
+    engine's compile range or the program's bounds leave the others unreachable."""
+    bottoms = [0.0, *(top for top, _ in branches[:-1])]
+    return [
+        branch
+        for bottom, branch in zip(bottoms, branches)
+        if bottom < high and branch[0] > low
+    ]
 
 
 def _branches(impl_groups: Sequence[Any]) -> list[tuple[float, Any]]:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel.collective import dynamo_callbacks
+from torch._inductor.kernel.collective import dynamo_callbacks, range_graphs
 from torch._inductor.kernel.collective.choices import (
     current_identity,
     is_registered_collective,
@@ -871,12 +871,23 @@ def settle_key(
 
 def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     """The decisions that ``graph`` (a GraphLowering) inlines, for its compiled graph
-    and cache entry."""
+    and cache entry, each with the size ranges the graph was guarded on."""
+    guarded = range_graphs.guarded_range(graph)
     return tuple(
-        decision
+        dataclasses.replace(decision, guarded_range=guarded)
         for session in _graph_sessions.get(graph, {}).values()
         for decision in session.inlined.values()
     )
+
+
+def _unguarded_here(decisions: Sequence[InlinedDecision]) -> str | None:
+    """Why a cached graph that inlines ``decisions`` is not right in this compile: it
+    was compiled behind a range guard that nothing here would check."""
+    guarded = next((d.guarded_range for d in decisions if d.guarded_range), "")
+    unchecked = range_graphs.unchecked_guards() if guarded else None
+    if unchecked is None:
+        return None
+    return f"it was compiled for {guarded} behind a guard, and {unchecked}"
 
 
 def _sites_of(
@@ -912,6 +923,10 @@ def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
         return True
     sites = _sites_of(decisions)
     if sites is None:
+        return False
+    unguarded = _unguarded_here(decisions)
+    if unguarded is not None:
+        log.info("a cached graph is passed over: %s", unguarded)
         return False
     for (group_name, _), inlined in sorted(sites.items()):
         group = _resolve(group_name)
@@ -951,6 +966,10 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
         return True
     sites = _sites_of(decisions)
     if sites is None:
+        return False
+    unguarded = _unguarded_here(decisions)
+    if unguarded is not None:
+        log.info("a cached graph is compiled afresh: %s", unguarded)
         return False
     from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 

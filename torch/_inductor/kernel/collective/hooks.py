@@ -81,9 +81,12 @@ from torch._inductor.kernel.collective.dispatch import (
 from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
 from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
+    collective_autotune_size_paths,
     CollectiveAutotuneRecord,
     format_record,
     keep_record,
+    SizePathRecord,
+    winner_change_points,
 )
 from torch._inductor.kernel.collective.timing import BenchmarkInputs
 from torch._inductor.kernel.collective.waits import Waits, wait_for_output
@@ -102,8 +105,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectiveAutotuneRecord",
     "InlinedDecision",
+    "SizePathRecord",
     "cached_graph_usable",
     "collective_autotune_records",
+    "collective_autotune_size_paths",
     "collective_output_node",
     "detect_collective",
     "dynamic_ladder",
@@ -117,6 +122,7 @@ __all__ = [
     "select_collective_choice",
     "to_inline",
     "traced_once",
+    "winner_change_points",
 ]
 
 log = logging.getLogger(__name__)

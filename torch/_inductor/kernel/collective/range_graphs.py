@@ -16,14 +16,18 @@ the narrowed range while it compiles (``statically_known_leq`` holds), and the F
 cache keeps one entry per range, found by its guards.
 
 Each range's compile is a Dynamo recompile of the frame, counted against
-``torch._dynamo.config.recompile_limit``. The in-graph dispatch stays where a range
-cannot be guarded, each logged with its reason (:func:`_why_not_guarded`): the knob
-``collective_autotune_range_graphs`` off, no Dynamo frame to recompile (export,
-AOTInductor), a user who forbids recompiles (``error_on_recompile``), or more ranges
-than half the recompile limit. ``set_stance("fail_on_recompile")`` forbids every
-compile, the first included: it is set after a warm-up that compiled every range
-(``warm_up_sizes()``, collective/dispatch.py). A data-dependent (unbacked) size is not
-tuned at all (collective/dispatch.py:data_dependent_size).
+``torch._dynamo.config.recompile_limit``. A guard may only speed the choice of winner
+up, never be what makes it right: where nothing would check the guard
+(:func:`unchecked_guards`: a guard filter that drops shape guards, as serving engines
+set, ``aot_compile``, ``standalone_compile``, export, AOTInductor,
+``skip_guard_eval_unsafe``) or no recompile is allowed (``error_on_recompile``, more
+ranges than half the recompile limit, the knob ``collective_autotune_range_graphs``
+off), the graph dispatches by size inside instead, and says why. A graph whose sizes
+are bounded within one range already (``torch._check``, an engine's compile range:
+``collective_autotune_compile_range``) inlines that range's winner with no guard. A
+cached range graph is loaded only where its guard is checked. ``set_stance(
+"fail_on_recompile")`` is for after a warm-up that compiled every range
+(``warm_up_sizes()``, collective/dispatch.py).
 """
 
 from __future__ import annotations
@@ -69,56 +73,140 @@ def range_of_this_graph(
     winner at ``tops`` (range tops in size order), and how it was found; or None and why
     the graph must dispatch by size inside.
 
-    A range the graph already knows (the guards of an earlier site or of the forward
-    graph, or the program's own bounds, hold ``size`` between two tops) costs nothing;
-    else the graph is guarded on the cell of its partition that holds ``size``'s hint
-    (:func:`_guard`), where it can be (:func:`_why_not_guarded`)."""
+    A range the graph already knows (:func:`known_span`: the program's bounds, the
+    guards of an earlier site or of the forward graph, an engine's compile range) costs
+    nothing; else the graph is guarded on the cell of its partition that holds
+    ``size``'s hint (:func:`_guard`), where Dynamo checks that guard before every call
+    and compiles the graph again for a size outside it (:func:`_why_not_guarded`)."""
     known = _known(size, tops)
     if known is not None:
-        return known, "its sizes lie in one range already"
+        return known
     why_not = _why_not_guarded(size, tops)
     if why_not is not None:
         return None, why_not
-    return _guard(size, tops), "guarded"
+    return _guard(size, tops), (
+        "guarded: Dynamo checks the range before every call and compiles the graph "
+        "again for a size outside it"
+    )
+
+
+def known_span(size: Any, tops: Sequence[float]) -> tuple[float, float, str]:
+    """(low, high, why): the tightest ``low`` and ``high`` among 0, ``tops`` and inf
+    such that every size this graph runs at lies in (low, high], and what bounds them:
+    the shape environment (``torch._check``, the symbol's range, an earlier site's
+    guard) or the engine's compile range (``collective_autotune_compile_range``,
+    inclusive)."""
+    from torch._inductor import config
+    from torch._inductor.virtualized import V
+
+    sizevars = V.graph.sizevars
+    engine = config.collective_autotune_compile_range
+    first, last = engine if engine is not None else (None, None)
+    low, high, why = 0.0, math.inf, set()
+    for top in sorted(t for t in tops if t != math.inf):
+        if last is not None and last <= top:
+            high, why = min(high, top), why | {"engine"}
+        elif sizevars.statically_known_leq(size, int(top)):
+            high, why = min(high, top), why | {"shapes"}
+        if first is not None and first > top:
+            low, why = max(low, top), why | {"engine"}
+        elif sizevars.statically_known_gt(size, int(top)):
+            low, why = max(low, top), why | {"shapes"}
+    said = []
+    if "engine" in why:
+        said.append(f"collective_autotune_compile_range is {list(engine)}")
+    if "shapes" in why:
+        said.append(
+            "the shape environment bounds it (torch._check, its range, a guard)"
+        )
+    return low, high, "; ".join(said)
 
 
 # The ranges each graph being lowered knows already, by size expression and tops: what
 # the shape environment knows of a size only narrows while a graph is lowered, and every
 # layer of a model asks of the same size and tops.
 _known_ranges: weakref.WeakKeyDictionary[
-    Any, dict[tuple[str, tuple[float, ...]], GuardedRange]
+    Any, dict[tuple[str, tuple[float, ...]], tuple[GuardedRange, str]]
 ] = weakref.WeakKeyDictionary()
 
 
-def _known(size: Any, tops: Sequence[float]) -> GuardedRange | None:
+def _known(size: Any, tops: Sequence[float]) -> tuple[GuardedRange, str] | None:
     from torch._inductor.virtualized import V
 
     known = _known_ranges.setdefault(V.graph, {})
     key = (str(size), tuple(sorted(tops)))
     if key not in known:
-        found = _known_now(size, tops)
-        if found is None:
+        low, high, why = known_span(size, tops)
+        if len([t for t in tops if low < t <= high]) != 1:
             return None
-        known[key] = found
+        known[key] = (
+            GuardedRange(size, low, high),
+            f"its sizes lie in one range already: {why}",
+        )
     return known[key]
 
 
-def _known_now(size: Any, tops: Sequence[float]) -> GuardedRange | None:
-    from torch._inductor.virtualized import V
+def unchecked_guards() -> str | None:
+    """Why no guard that this compile adds will pick the graph by its sizes at run
+    time (checked before every call, a failed one compiling the frame again); None
+    where Dynamo does.
 
-    sizevars = V.graph.sizevars
-    low = 0.0
-    for top in sorted(tops):
-        if top == math.inf or sizevars.statically_known_leq(size, int(top)):
-            return GuardedRange(size, low, top) if _known_above(size, low) else None
-        low = top
+    Serving engines compile so: vLLM passes ``guard_filter_fn=
+    torch.compiler.skip_all_guards_unsafe`` and calls the model at every size, an
+    ``aot_compile``-d function raises on a failed guard, a ``standalone_compile``-d
+    artifact runs without Dynamo. A guard filter is asked about the frame's SHAPE_ENV
+    guard, the one Dynamo builds every shape guard from; a filter that cannot judge
+    that entry alone is taken to drop it."""
+    from torch._dynamo import eval_frame
+    from torch._dynamo.convert_frame import compiling_frame_hooks
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None:
+        return "no Dynamo frame is compiled (compile_fx called directly, AOTInductor)"
+    if torch.compiler.is_exporting():
+        return "no Dynamo frame to compile again per range (export)"
+    shape_guard = next(
+        (
+            g
+            for g in context.guards_context.dynamo_guards
+            if g.create_fn_name() == "SHAPE_ENV"
+        ),
+        None,
+    )
+    hooks = compiling_frame_hooks()
+    if shape_guard is None or hooks is None:
+        return (
+            "the graph is not compiled by a Dynamo frame's guarded compile "
+            "(aot_compile, standalone_compile, a tracing context of its own): "
+            "nothing would compile it again for a size outside the range"
+        )
+    if hooks.guard_filter_fn is not None and not _kept(
+        hooks.guard_filter_fn, shape_guard
+    ):
+        name = getattr(hooks.guard_filter_fn, "__name__", repr(hooks.guard_filter_fn))
+        return f"the frame's guard_filter_fn ({name}) drops its shape guards"
+    if eval_frame._is_skip_guard_eval_unsafe_stance():
+        return (
+            "torch.compiler.set_stance(skip_guard_eval_unsafe=True) checks only the "
+            "guards that tell compiled graphs apart"
+        )
+    if torch._dynamo.config.error_on_recompile:
+        return (
+            "torch._dynamo.config.error_on_recompile forbids the recompile of each "
+            "range"
+        )
     return None
 
 
-def _known_above(size: Any, low: float) -> bool:
-    from torch._inductor.virtualized import V
+def _kept(guard_filter_fn: Any, shape_guard: Any) -> bool:
+    from torch._dynamo.guards import make_guard_filter_entry
 
-    return low == 0 or V.graph.sizevars.statically_known_gt(size, int(low))
+    try:
+        # The SHAPE_ENV guard's entry has no name, so no value to read: no builder.
+        return bool(guard_filter_fn([make_guard_filter_entry(shape_guard, None)])[0])
+    except Exception:
+        log.debug("the guard filter cannot judge the SHAPE_ENV guard", exc_info=True)
+        return False
 
 
 def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
@@ -134,17 +222,11 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
         return (
             "a backward graph cannot add guards, and its forward's do not fix its range"
         )
-    if torch._guards.TracingContext.try_get() is None or getattr(
-        V.graph, "aot_mode", False
-    ):
+    if getattr(V.graph, "aot_mode", False):
         return "no Dynamo frame to compile again per range (AOTInductor)"
-    if torch.compiler.is_exporting():
-        return "no Dynamo frame to compile again per range (export)"
-    if torch._dynamo.config.error_on_recompile:
-        return (
-            "torch._dynamo.config.error_on_recompile forbids the recompile of each "
-            "range"
-        )
+    unchecked = unchecked_guards()
+    if unchecked is not None:
+        return unchecked
     cells = len(_partition(size) | set(tops))
     limit = torch._dynamo.config.recompile_limit
     if cells > limit // 2:
@@ -168,11 +250,27 @@ def _guard(size: Any, tops: Sequence[float]) -> GuardedRange:
     partition = _partition(size)
     partition.update(tops)
     low = 0.0
+    cell = GuardedRange(size, low, math.inf)
     for top in sorted(partition):
         if top == math.inf or V.graph.sizevars.evaluate_expr(sympy.Le(size, int(top))):
-            return GuardedRange(size, low, top)
+            cell = GuardedRange(size, low, top)
+            break
         low = top
-    return GuardedRange(size, low, math.inf)
+    _guarded.setdefault(V.graph, []).append(cell)
+    return cell
+
+
+# The cells each graph being lowered was guarded on.
+_guarded: weakref.WeakKeyDictionary[Any, list[GuardedRange]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def guarded_range(graph: Any) -> str:
+    """The size ranges ``graph`` (a GraphLowering) was guarded on, as its cache entry
+    records them ("" for none): such a graph is right only where its guards are
+    checked (:func:`unchecked_guards`)."""
+    return "; ".join(sorted({str(cell) for cell in _guarded.get(graph, [])}))
 
 
 def _partition(size: Any) -> set[float]:

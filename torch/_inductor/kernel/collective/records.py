@@ -130,6 +130,35 @@ class CollectiveAutotuneRecord:
     store_requests: int = dataclasses.field(default=0, compare=False)
 
 
+class SizePath(str, enum.Enum):
+    """How a call site of a collective op of dynamic size runs each size's winner."""
+
+    # Its sizes lie in one range already (the program's bounds, an engine's compile
+    # range, the guards of an earlier site): that range's winner is inlined.
+    KNOWN_RANGE = "known range"
+    # The graph is guarded on the range holding the size it is compiled at and inlines
+    # that range's winner; Dynamo compiles it again for a size outside.
+    RANGE_GRAPH = "range graph"
+    # The winners are dispatched by size inside the graph.
+    SIZE_DISPATCH = "size dispatch"
+
+
+@dataclasses.dataclass(frozen=True)
+class SizePathRecord:
+    """How one call site of a collective op of dynamic size runs each size's winner,
+    and why: what the log line says, for tools and tests."""
+
+    op: str
+    path: SizePath
+    reason: str
+    # The sizes this graph is compiled for ("s0 in (64, inf]"), or "" for every size.
+    compiled_for: str
+    # (top size, winner) per range of the graph's winners, in size order; the last
+    # range's top is inf. A range graph or a known range lists the ladder's winners,
+    # of which it inlines one.
+    winners: tuple[tuple[float, str], ...]
+
+
 _State = TypeVar("_State", list[Any], dict[Any, Any])
 
 
@@ -144,6 +173,38 @@ def cleared_with_inductor_caches(state: _State) -> _State:
 
 # This process's decision records.
 _records: list[CollectiveAutotuneRecord] = cleared_with_inductor_caches([])
+
+
+# How this process's sites of collective ops of dynamic size run each size's winner.
+_size_paths: list[SizePathRecord] = cleared_with_inductor_caches([])
+
+
+def collective_autotune_size_paths() -> list[SizePathRecord]:
+    """How each call site of a collective op of dynamic size that this process lowered
+    runs each size's winner, oldest first."""
+    return list(_size_paths)
+
+
+def keep_size_path(record: SizePathRecord) -> None:
+    _size_paths.append(record)
+
+
+def winner_change_points(op: str | None = None) -> list[int]:
+    """The sizes after which a tuned collective op of dynamic size changes winner, in
+    the graphs this process compiled (those of ops whose autotuning name starts with
+    ``op``, where given), ascending: sizes up to a point and sizes above it run
+    different winners. An engine that compiles per size range (vLLM's
+    ``compile_ranges_split_points``) puts them among its split points, and each of its
+    range graphs inlines one winner per op with no dispatch and no guard
+    (``collective_autotune_compile_range``)."""
+    return sorted(
+        {
+            int(top)
+            for record in _size_paths
+            if op is None or record.op.startswith(op)
+            for top, _ in record.winners[:-1]
+        }
+    )
 
 
 def collective_autotune_records() -> list[CollectiveAutotuneRecord]:

@@ -102,12 +102,9 @@ class CallSite:
     min_speedup_threshold: float
     neighbours: Neighbours
     key: str
-    # Where a decision was taken before tracing (a ladder's interpolation), and why.
-    source: Source | None = None
-    reason: str = ""
-    # A ladder range's: the winner it keeps unless another is clearly faster, and the
-    # top size of the range that winner won (dispatch.tie_reference).
-    nearest: tuple[str, str] | None = None
+    # A ladder range's: the winner it keeps unless another is clearly faster
+    # (dispatch.incumbent).
+    incumbent: dispatch.Incumbent | None = None
     # The tensor inputs the op declares it writes into (by position).
     mutable: tuple[int, ...] = ()
     # When it was prepared (its choices are traced after).
@@ -276,8 +273,8 @@ def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
 
 def decided_before_tracing(site: CallSite) -> str | None:
     """The group's decision for ``site``'s key if it is known already (decided in this
-    graph, or published in the Store: a read, no waiting), or a ladder range's
-    interpolation between decided neighbours (published for the group)."""
+    graph, or published in the Store: a read, no waiting); for a ladder range, also
+    the winner it keeps unless another is clearly faster (its incumbent)."""
     session = graph_sessions.joined_session(site.group)
     if session is not None and site.key in session.settled:
         return session.settled[site.key].winner
@@ -289,19 +286,9 @@ def decided_before_tracing(site: CallSite) -> str | None:
         return choice.winner if measured else None
 
     ladder, _ = dispatch.ladder_of(site.name) or (None, None)
-    # Every rank interpolates alike, whoever published first.
-    between = dispatch.interpolated(ladder, site.name, winner_of) if ladder else None
-    if between is not None:
-        _prepared_sites()[site.name] = dataclasses.replace(
-            site, source=Source.LADDER, reason=between[1]
-        )
-        published = decisions.publish(site.key, GroupChoice(between[0]).encode())
-        return GroupChoice.decode(published).winner
     _prepared_sites()[site.name] = dataclasses.replace(
         site,
-        nearest=dispatch.tie_reference(ladder, site.name, winner_of)
-        if ladder
-        else None,
+        incumbent=dispatch.incumbent(ladder, site.name, winner_of) if ladder else None,
     )
     choice = graph_sessions.decided(decisions, site.key)
     return None if choice is None else choice.winner
@@ -507,6 +494,13 @@ def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
     source, winner, reason = _settled(
         site, decision, voting, timings, winner, confidence
     )
+    if (
+        source == Source.BENCHMARK
+        and site.incumbent is not None
+        and site.incumbent.between
+        and winner == site.incumbent.winner
+    ):
+        source = Source.LADDER
     decision = dataclasses.replace(decision, source=source, reason=reason)
     record = _record(site, voting, decision, timings, winner, started)
     return dataclasses.replace(record, confidence=confidence)
@@ -634,10 +628,11 @@ class _SiteWork:
         if decision.action != Action.BENCHMARK:
             return (), decision.choices[0], decision.reason, None
         picked = list(decision.choices)
+        site = self.site
+        screened = site.incumbent if site.incumbent and site.incumbent.between else None
         # Lowering runs with the Python dispatcher on; a gloo worker thread would
         # inherit it and wait for the GIL that this thread holds in wait_tensor
         # (Inductor's regular benchmarking deadlocks so on gloo collectives).
-        site = self.site
         with no_python_dispatcher():
             timings, self.phases = benchmark(
                 self.inputs,
@@ -650,11 +645,17 @@ class _SiteWork:
                 keep_default=site.min_speedup_threshold > 1.0,
                 neighbours=site.neighbours,
                 mutable=site.mutable,
+                incumbent=screened.winner if screened else None,
             )
         winner, picked_because = pick(
-            picked, timings, site.min_speedup_threshold, site.nearest
+            picked, timings, site.min_speedup_threshold, site.incumbent
         )
         confidence = judge(timings, winner, host_paced=site.mode == "eager")
+        if screened is not None:
+            picked_because = (
+                f"screened against {screened.winner}, the winner at {screened.won_at}: "
+                f"{picked_because}"
+            )
         return (
             tuple(timings),
             winner,
@@ -687,8 +688,6 @@ def _settled(
     source, reason = decision.source, decision.reason
     if stored.winner != winner:
         return source, stored.winner, f"the group decided {stored.winner} first"
-    if site.source is not None and source == Source.JOB:
-        return site.source, winner, site.reason
     if source == Source.BENCHMARK and _persistence_on():
         DecisionStore().save(
             StoredDecision(

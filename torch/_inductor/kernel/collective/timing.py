@@ -21,6 +21,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._inductor import config
 from torch._inductor.kernel.collective import dispatch
+from torch._inductor.kernel.collective.dispatch import Incumbent
 from torch._inductor.kernel.collective.choice_modules import (
     AfterOwnedInput,
     costs_alike_uncompiled,
@@ -273,10 +274,12 @@ def benchmark(
     keep_default: bool,
     neighbours: Neighbours,
     mutable: Sequence[int] = (),
+    incumbent: str | None = None,
 ) -> tuple[list[ChoiceTiming], dict[str, float]]:
     """The group's timings of the choices ``names`` (labels of ``by_label``), in
     lockstep with its other ranks in ``session``, and the seconds each step of the
-    benchmark took on this rank."""
+    benchmark took on this rank. Sampling stops early once no choice is clearly faster
+    than ``incumbent`` (a screened ladder range's)."""
     candidates, screened = _prepared_inputs(
         inputs, by_label, names, process_group, session, neighbours, mutable
     )
@@ -285,7 +288,11 @@ def benchmark(
         process_group, inputs.layout.device, settings, session, mode
     )
     timings = benchmarker.benchmark(
-        candidates, screened, reference, keep=(reference,) if keep_default else ()
+        candidates,
+        screened,
+        reference,
+        keep=(reference,) if keep_default else (),
+        incumbent=names.index(incumbent) if incumbent in names else None,
     )
     return timings, benchmarker.phases
 
@@ -396,12 +403,12 @@ def pick(
     names: list[str],
     timings: Sequence[ChoiceTiming],
     min_speedup_threshold: float,
-    nearest: tuple[str, str] | None = None,
+    incumbent: Incumbent | None = None,
 ) -> tuple[str, str]:
-    """The winner and why. ``nearest``: for a ladder range, the winner of the nearest
-    decided range and its top size, which keeps this range unless the fastest here is
-    clearly faster (by more than their samples' spread): switching implementations
-    along the ladder costs a size dispatch, so noise must not decide it."""
+    """The winner and why. ``incumbent``: for a ladder range, the winner of its nearest
+    decided ranges, which keeps this range unless the fastest here is clearly faster
+    (by more than their samples' spread): switching implementations along the ladder
+    costs a size dispatch, so noise must not decide it."""
     # The vector is identical on every rank; min() keeps the first of equal times.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
@@ -410,8 +417,12 @@ def pick(
             "every choice failed on some rank; using the op's own implementation",
         )
     because = "fastest on its slowest rank"
-    if nearest is not None and nearest[0] != names[best] and nearest[0] in names:
-        kept = names.index(nearest[0])
+    if (
+        incumbent is not None
+        and incumbent.winner != names[best]
+        and incumbent.winner in names
+    ):
+        kept = names.index(incumbent.winner)
         # (A kept choice that failed has infinite quartiles: anything is clearly
         # faster.)
         if not timings[best].clearly_faster_than(timings[kept]):
@@ -419,7 +430,7 @@ def pick(
                 f"{names[best]} is not clearly faster at this range's top size on "
                 "their slowest ranks (their quartiles are within "
                 f"{100 * DROP_MARGIN:g}% of each other), and {names[kept]} won at "
-                f"{nearest[1]}"
+                f"{incumbent.won_at}"
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
