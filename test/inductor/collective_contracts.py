@@ -334,9 +334,9 @@ def break_cache_lookup() -> contextlib.AbstractContextManager[Any]:
 
 
 def check_cache_hits_ask_the_group() -> None:
-    """After an FX-graph cache hit, compile_fx asks group_takes_cached_graph with the
-    CompiledFxGraph and the lookup's cache_info before it uses the graph; where the
-    group does not take it, the graph is compiled (a miss)."""
+    """FxGraphCache.load_with_key asks group_takes_cached_graph of a hit before it
+    counts and returns it; a hit the group does not take is a miss, and compiled."""
+    from torch._dynamo.utils import counters
     from torch._inductor import compile_fx
     from torch._inductor.kernel.collective import hooks
     from torch._inductor.output_code import CompiledFxGraph
@@ -345,40 +345,102 @@ def check_cache_hits_ask_the_group() -> None:
     compiled: list[Any] = []
     codegen = compile_fx.fx_codegen_and_compile
 
-    def group_takes(graph: Any, cache_info: Any = None) -> bool:
-        asked.append((graph, cache_info))
-        cache_info["cache_state"] = "miss"
+    def group_takes(graph: Any) -> bool:
+        asked.append(graph)
         return False
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         compiled.append(args)
         return codegen(*args, **kwargs)
 
+    counters.clear()
     with (
         mock.patch.object(hooks, "group_takes_cached_graph", group_takes),
         mock.patch.object(compile_fx, "fx_codegen_and_compile", spy),
     ):
         _compile_twice()
-    if not asked or not isinstance(asked[0][0], CompiledFxGraph):
+    if not asked or not isinstance(asked[0], CompiledFxGraph):
         raise ContractBroken(f"a hit did not ask the group (asked: {asked})")
-    if not isinstance(asked[0][1], dict) or len(compiled) != 2:
+    if len(compiled) != 2 or counters["inductor"]["fxgraph_cache_hit"]:
         raise ContractBroken(
-            f"a hit the group refused was not compiled ({len(compiled)} compiles)"
+            f"a hit the group refused was not a compiled miss ({len(compiled)} "
+            f"compiles, {counters['inductor']['fxgraph_cache_hit']} hits)"
         )
 
 
 def break_cache_hits() -> contextlib.AbstractContextManager[Any]:
     from torch._inductor.codecache import FxGraphCache
 
-    # Upstream's compile no longer gets its hits from load_with_key (the call the
+    # Upstream's load_with_key no longer finds its hits in _lookup_graph (the call the
     # overlay follows with the group's check): every lookup there is a miss.
-    original = FxGraphCache.load_with_key
+    return mock.patch.object(
+        FxGraphCache,
+        "_lookup_graph",
+        staticmethod(lambda *args, **kwargs: (None, {})),
+    )
 
-    def load_with_key(*args: Any, **kwargs: Any) -> Any:
-        _, cache_info = original(*args, **kwargs)
-        return None, {**cache_info, "cache_state": "miss"}
 
-    return mock.patch.object(FxGraphCache, "load_with_key", staticmethod(load_with_key))
+def _compile_twice_bundled() -> None:
+    """_compile_twice with AOTAutograd's cache bundling its compiled graphs."""
+    from torch._functorch import config as functorch_config
+
+    with functorch_config.patch(
+        enable_autograd_cache=True, bundled_autograd_cache=True
+    ):
+        _compile_twice()
+
+
+def check_bundled_cache_entries_are_asked_about() -> None:
+    """AOTAutogradCache's lookup asks cached_entry_usable of every candidate entry
+    (GuardedCache._usable); try_load asks group_takes_cached_entry of a hit before it
+    uses it, a refused one being a miss that is compiled; and a
+    CollectiveAutotuneError raised there reaches the caller, not a bypass."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
+
+    asked: dict[str, list[Any]] = {"usable": [], "group": []}
+
+    def usable(entry: Any) -> bool:
+        asked["usable"].append(entry)
+        return True
+
+    def group_takes(entry: Any) -> bool:
+        asked["group"].append(entry)
+        return False
+
+    counters.clear()
+    with (
+        mock.patch.object(hooks, "cached_entry_usable", usable),
+        mock.patch.object(hooks, "group_takes_cached_entry", group_takes),
+    ):
+        _compile_twice_bundled()
+    if not asked["usable"] or not asked["group"]:
+        raise ContractBroken(f"a bundled entry was not asked about: {asked}")
+    if counters["aot_autograd"]["autograd_cache_hit"]:
+        raise ContractBroken("a bundled hit the group refused was used")
+
+    def fails(entry: Any) -> bool:
+        raise CollectiveAutotuneError("the group is gone")
+
+    with mock.patch.object(hooks, "group_takes_cached_entry", fails):
+        try:
+            _compile_twice_bundled()
+        except Exception as e:  # Dynamo wraps what the backend raised
+            if not isinstance(e, CollectiveAutotuneError) and not isinstance(
+                e.__cause__ or e.__context__, CollectiveAutotuneError
+            ):
+                raise ContractBroken(f"the group's error became {e!r}") from e
+        else:
+            raise ContractBroken("the group's error inside try_load was swallowed")
+
+
+def break_bundled_cache_entries() -> contextlib.AbstractContextManager[Any]:
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    return mock.patch.object(
+        AOTAutogradCache, "_usable", classmethod(lambda cls, candidate: True)
+    )
 
 
 def check_compiled_graphs_record_decisions() -> None:
@@ -2145,10 +2207,17 @@ CONTRACTS: list[Contract] = [
         needs_overlay=True,
     ),
     Contract(
-        "compile_fx asks group_takes_cached_graph about every FX-graph cache hit",
+        "FxGraphCache.load_with_key asks group_takes_cached_graph about every hit",
         "graph_sessions.group_takes_cached_graph",
         check_cache_hits_ask_the_group,
         break_cache_hits,
+        needs_overlay=True,
+    ),
+    Contract(
+        "AOTAutogradCache asks about bundled entries, and lets the group's errors out",
+        "hooks.cached_entry_usable, hooks.group_takes_cached_entry",
+        check_bundled_cache_entries_are_asked_about,
+        break_bundled_cache_entries,
         needs_overlay=True,
     ),
     Contract(

@@ -428,7 +428,8 @@ class TestServingEngines(CollectiveTestCase):
         case = CASES["sweet_spot"]
         expected = {n: [case.expected(n)] for n in SIZES}
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "cache{rank}")}
-        for load in (False, True):
+
+        def job(load: bool) -> list[dict]:
             results = assert_all_ok(
                 run_ranks(
                     2,
@@ -443,6 +444,10 @@ class TestServingEngines(CollectiveTestCase):
             for result in results:
                 assert result["ran"] == expected, (load, result)
                 assert result["compiled_after_warm_up"] == 0, (load, result)
+            return results
+
+        job(load=False)
+        job(load=True)  # a new process: nothing compiles
 
 
 instantiate_parametrized_tests(TestServingEngines)

@@ -103,9 +103,11 @@ if TYPE_CHECKING:
 # The hooks upstream's patched files call (the only names they import from collective
 # autotuning), and what users read of the decisions.
 __all__ = [
+    "CollectiveAutotuneError",
     "CollectiveAutotuneRecord",
     "InlinedDecision",
     "SizePathRecord",
+    "cached_entry_usable",
     "cached_graph_usable",
     "collective_autotune_records",
     "collective_autotune_size_paths",
@@ -113,6 +115,7 @@ __all__ = [
     "detect_collective",
     "dynamic_ladder",
     "format_record",
+    "group_takes_cached_entry",
     "group_takes_cached_graph",
     "inlined_decisions",
     "lower_size_dispatch",
@@ -448,28 +451,39 @@ def _communication(
 def cached_graph_usable(graph: CompiledFxGraph) -> bool:
     """Asked by the FX-graph cache's lookup of every candidate entry of a key: False
     passes over a graph whose collective decisions this rank cannot take (provisional,
-    made in another environment or for changed code), to the key's next entry. Reads
-    nothing over the network."""
+    made in another environment or for changed code, behind a range guard nothing
+    checks here), to the key's next entry. Reads nothing over the network."""
     return graph_sessions.cached_graph_usable(graph.collective_decisions)
 
 
-def group_takes_cached_graph(
-    graph: CompiledFxGraph, cache_info: dict[str, Any] | None = None
-) -> bool:
-    """Asked by the compile after a cache hit, before it uses ``graph``: whether the
-    process group of each collective decision it inlines takes it (every rank loaded
-    the same graph, or the group decided so already). False: compile the graph, with
-    the group. ``cache_info``, the FX-graph cache's account of the lookup, then says
-    the miss it became, and the cache's counters count one."""
-    from torch._dynamo.utils import counters
+def group_takes_cached_graph(graph: CompiledFxGraph) -> bool:
+    """Asked by ``FxGraphCache.load_with_key`` of a hit, before it counts and uses it:
+    whether the process group of each collective decision the graph inlines takes it
+    (every rank loaded the same graph, or the group decided so already). False: a
+    miss, and the group compiles the graph together."""
+    return graph_sessions.group_takes_cached_graph(graph.collective_decisions)
 
-    if graph_sessions.group_takes_cached_graph(graph.collective_decisions):
-        return True
-    if cache_info is not None:
-        cache_info["cache_state"] = "miss"
-        counters["inductor"]["fxgraph_cache_hit"] -= 1
-        counters["inductor"]["fxgraph_cache_miss"] += 1
-    return False
+
+def cached_entry_usable(entry: Any) -> bool:
+    """:func:`cached_graph_usable` for an AOTAutograd cache entry: of the graphs it
+    bundles (an entry that refers to FX-graph cache entries is checked as those are
+    looked up)."""
+    return all(cached_graph_usable(graph) for graph in _bundled_graphs(entry))
+
+
+def group_takes_cached_entry(entry: Any) -> bool:
+    """:func:`group_takes_cached_graph` for a hit of the AOTAutograd cache, before it is
+    used: of the graphs it bundles, together."""
+    return graph_sessions.group_takes_cached_graph(
+        [d for graph in _bundled_graphs(entry) for d in graph.collective_decisions]
+    )
+
+
+def _bundled_graphs(entry: Any) -> list[CompiledFxGraph]:
+    """The compiled graphs an AOTAutograd cache entry holds itself."""
+    parts = (getattr(entry, "compiled_fw", None), getattr(entry, "compiled_bw", None))
+    results = [getattr(part, "result", None) for part in parts]
+    return [r for r in results if hasattr(r, "collective_decisions")]
 
 
 def lowered_once(
