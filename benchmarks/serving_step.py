@@ -27,6 +27,11 @@ default mode). Per mode:
     each range at its largest size; per size: the range that runs it, what its first
     call compiled and cost), and no compile after; with
     TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RANGE_GRAPHS=0, one graph dispatching by size;
+  * engine: the dynamic model compiled as a serving engine compiles it (vLLM): first
+    called at the largest size, every Dynamo guard filtered out
+    (``guard_filter_fn=torch.compiler.skip_all_guards_unsafe``), so that no range guard
+    is checked and the graph dispatches by size inside; set against ``dynamic`` paired
+    by round, and its host µs per call beside;
   * static: the model compiled at each size alone, tuned by us (one compile per size);
   * alone: the model compiled once (dynamic) with each implementation written in
     (``one_all_reduce`` is the plain NCCL all-reduce a user would write; ``default``,
@@ -137,6 +142,8 @@ TABLE_SLOWER_PCT = 1.0
 TABLE_BEAT_PCT = 3.0
 LADDER_GOAL_S = 0.5
 RANGE_COMPILE_S = 0.2
+# Issue 73: the engine's flow (guards filtered) within this of plain torch.compile.
+ENGINE_GOAL_PCT = 1.0
 EXIT_S = 30.0
 COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep
 # Samples per size and variant, taken round-robin over the variants. With 5, two variants
@@ -337,10 +344,11 @@ def compile_variant(
     check: bool,
     compile_tokens: int = COMPILE_TOKENS,
     warm_up: Sequence[int] = (),
+    guard_filter_fn: Callable | None = None,
 ) -> Variant:
     """A fresh compile of the model (one per size unless ``dynamic``, first called at
     ``compile_tokens`` then), called at ``warm_up`` (dynamic) and warmed up at
-    ``sizes``."""
+    ``sizes``; ``guard_filter_fn`` as torch.compile's option (a serving engine's)."""
     variant = Variant()
     skips = counters["inductor"]["cudagraph_skips"]
     backends: list[CountedInductor] = []
@@ -355,6 +363,7 @@ def compile_variant(
                 backend=backends[-1],
                 fullgraph=True,
                 dynamic=None if dynamic else False,
+                options={"guard_filter_fn": guard_filter_fn} if guard_filter_fn else {},
             )
             first = model_input(
                 bench, compile_tokens if dynamic else tokens, device, dynamic
@@ -611,6 +620,22 @@ def run_mode(
     variants["dynamic"].decision_costs = decision_costs(
         collective_autotune_records()[first_record:]
     )
+    # A serving engine's flow (vLLM's): one compile, first called at the largest size,
+    # every Dynamo guard filtered out. No range guard would be checked, so the graph
+    # dispatches by size inside (the group's decisions above, reused).
+    variants["engine"] = compile_variant(
+        bench,
+        mode,
+        layers,
+        ops.all_reduce,
+        group,
+        device,
+        bench.tokens,
+        True,
+        True,
+        compile_tokens=max(bench.tokens),
+        guard_filter_fn=torch.compiler.skip_all_guards_unsafe,
+    )
     # Each range's decision where it was made (later layers reuse it).
     ladder = list(
         {
@@ -721,7 +746,7 @@ def run_mode(
         others = {
             k: v.step_us[tokens]
             for k, v in variants.items()
-            if k not in ("dynamic", "table")
+            if k not in ("dynamic", "engine", "table")
         }
         best = min(others, key=others.get)
         fastest = min(others.values())
@@ -762,6 +787,11 @@ def run_mode(
                 "paired_pct": paired,
                 "vs_best_single_paired_pct": max(paired[k] for k in singles),
                 "vs_table_paired_pct": paired["table"],
+                # The engine's flow (guards filtered, an in-graph size dispatch) against
+                # the same model under plain torch.compile (range graphs), paired.
+                "engine_vs_dynamic_paired_pct": paired_pct(
+                    variants["engine"].samples_us[tokens], dynamic_samples
+                ),
                 "vs_nccl_pct": pct(dynamic, nccl),
                 # Where another implementation beats plain NCCL by more than the noise of a step.
                 "nccl_beaten": fastest < nccl * (1 - LOSS_GOAL_PCT / 100),
@@ -1119,6 +1149,7 @@ def summary(result: dict[str, Any]) -> str:
             for r in m["rows"]
             if r["table_beaten"] and r["vs_table_paired_pct"] > -TABLE_BEAT_PCT
         ]
+        worst_engine = max(m["rows"], key=lambda r: r["engine_vs_dynamic_paired_pct"])
         skips = sum(m["cudagraph_skips"].values())
         untuned = m["compile_s"]["dynamic_untuned"]
         # A range's first call that compiled its graph, past the first range.
@@ -1171,6 +1202,15 @@ def summary(result: dict[str, Any]) -> str:
                 f"-> {verdict(worst_cached['cached_compile_s'] <= worst_cached['untuned_compile_s'] + RANGE_COMPILE_S)}"
                 if worst_cached
                 else "no further range compiled again"
+            ),
+            f"  the serving engine's flow (guards filtered, first call at the largest size) "
+            f"within {ENGINE_GOAL_PCT:g}% of plain torch.compile at every size (paired): worst "
+            f"{worst_engine['engine_vs_dynamic_paired_pct']:+.1f}% at {worst_engine['tokens']} "
+            f"tokens -> {verdict(worst_engine['engine_vs_dynamic_paired_pct'] <= ENGINE_GOAL_PCT)}; "
+            "host us/call (engine, plain): "
+            + "; ".join(
+                f"{r['tokens']}: {r['host_us']['engine']:.0f}, {r['host_us']['dynamic']:.0f}"
+                for r in m["rows"]
             ),
             f"  cudagraph skips {m['cudagraph_skips']} -> {verdict(skips == 0)}; compiles after the "
             f"warm-up {m['compiles_after_warm_up']} -> "

@@ -83,8 +83,6 @@ traced_at: dict[str, list[int]] = {}
 
 
 def _note_trace(name: str) -> None:
-    if torch.compiler.is_dynamo_compiling():
-        return  # a size dispatch's branch, which Dynamo checks
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
     traced_at.setdefault(name, []).append(len(collective_autotune_records()))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import unittest
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -55,13 +54,6 @@ TOPS = (1, 4, 16, 64, 256, math.inf)
 LARGEST = 1000  # the engine's largest batch, its first call
 SIZES = (2, 8, 16, 17, 64, 65, 200, 256, 257, LARGEST)
 HIDDEN = 16
-
-
-# torch 2.11's aot_compile fails on a graph whose lowering traces a torch.cond (a size
-# dispatch): the cond's own nested compile clears the compile's event log, and the
-# guards' latency metric then finds no event ("No toplevel event active"). An
-# experimental feature there, off by default.
-AOT_COMPILE = torch.__version__ >= "2.13"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,31 +342,42 @@ def engine_flows_body(r: Rank, case_name: str) -> list[dict]:
         ):
             results.append(flow(r, name, guard_filtered(backend)))
             results[-1]["frames"] = backend.frames
-        if AOT_COMPILE:
-            results.append(flow(r, "aot_compile", aot_compiled))
+        results.append(flow(r, "aot_compile", aot_compiled))
     return results
 
 
-def aot_saved_body(r: Rank, case_name: str, saved: str, load: bool) -> dict:
-    """The model aot_compile-d at its largest batch and saved (``load`` False), or
-    loaded in this new process (``load`` True, nothing compiled here); what each size
-    ran."""
+def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
+    """A serving engine's job, first (``restarted`` False) or restarted on the first's
+    caches: the model compiled with its guards filtered out, and aot_compile-d and
+    saved (first) or loaded (restarted: nothing compiled); what each size ran, where
+    the guard-filtered compile's decisions came from, and the winner-change points."""
+    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+
     case = CASES[case_name]
     register(case)
     path = Path(saved) / f"rank{r.rank}.pt2"
-    model = make_model(r.group.group_name)
     with (
         given_timings(case.cost),
         torch._inductor.config.patch(collective_autotune_dynamic_max=LADDER_MAX),
         torch._dynamo.config.patch(enable_aot_compile=True),
     ):
-        if load:
+        filtered = flow(r, "guard_filter", guard_filtered("inductor"))
+        result = {
+            "filtered": filtered["ran"],
+            "sources": sorted(
+                {rec.source.value for rec in collective_autotune_records()}
+            ),
+            "points": winner_change_points(),
+        }
+        model = make_model(r.group.group_name)
+        if restarted:
             with open(path, "rb") as f:
                 compiled = torch.compiler.load_compiled_function(f)
         else:
             compiled = aot_compiled(model)
             compiled.save_compiled_function(str(path))
-        return run_sizes(compiled, model, marked=False)
+        result["aot"] = run_sizes(compiled, model, marked=False)
+        return result
 
 
 def assert_every_size_ran_its_winner(case: Case, flows: list[dict]) -> None:
@@ -407,8 +410,6 @@ class TestServingEngines(CollectiveTestCase):
         plain = [p for p, _ in flows["plain"]["paths"]]
         assert SizePath.RANGE_GRAPH in plain and SizePath.SIZE_DISPATCH not in plain
         for name in ("guard_filter", "split_compile_fx", "aot_compile"):
-            if name not in flows:
-                continue
             paths = flows[name]["paths"]
             assert paths and {p for p, _ in paths} == {SizePath.SIZE_DISPATCH}, paths
         assert all(
@@ -417,37 +418,41 @@ class TestServingEngines(CollectiveTestCase):
         ), flows["guard_filter"]["paths"]
         assert all(
             "not compiled by a Dynamo frame's guarded compile" in why
-            for _, why in flows.get("aot_compile", {"paths": []})["paths"]
+            for _, why in flows["aot_compile"]["paths"]
         ), flows["aot_compile"]["paths"]
         # Each compile range inlines one winner per site: no dispatch, no guard.
         ranged = [p for p, _ in flows["compile_ranges"]["paths"]]
         assert SizePath.KNOWN_RANGE in ranged and SizePath.RANGE_GRAPH not in ranged
 
-    @unittest.skipUnless(AOT_COMPILE, "torch 2.11's aot_compile fails on a torch.cond")
-    def test_an_aot_compiled_model_saved_and_loaded_runs_each_sizes_winner(self):
+    def test_a_restarted_engine_loads_its_graphs_and_runs_each_sizes_winner(self):
+        """Warm caches: the guard-filtered compile loads its graph (nothing timed) and
+        the winner-change points come back; an aot_compile-d model saved by the first
+        job runs every size's winner in the second, compiling nothing."""
         case = CASES["sweet_spot"]
         expected = {n: [case.expected(n)] for n in SIZES}
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "cache{rank}")}
-
-        def job(load: bool) -> list[dict]:
-            results = assert_all_ok(
+        jobs = [
+            assert_all_ok(
                 run_ranks(
                     2,
-                    aot_saved_body,
+                    restart_body,
                     "sweet_spot",
                     str(self.tmp_path),
-                    load,
+                    restarted,
                     env=env,
                     restarts=True,
                 )
             )
-            for result in results:
-                assert result["ran"] == expected, (load, result)
-                assert result["compiled_after_warm_up"] == 0, (load, result)
-            return results
-
-        job(load=False)
-        job(load=True)  # a new process: nothing compiles
+            for restarted in (False, True)
+        ]
+        for job in jobs:
+            for rank in job:
+                assert rank["filtered"] == expected, rank
+                assert rank["points"] == [16, 256], rank
+                assert rank["aot"]["ran"] == expected, rank
+                assert rank["aot"]["compiled_after_warm_up"] == 0, rank
+        assert all("benchmark" in rank["sources"] for rank in jobs[0])
+        assert all(rank["sources"] == ["cache"] for rank in jobs[1]), jobs[1]
 
 
 instantiate_parametrized_tests(TestServingEngines)

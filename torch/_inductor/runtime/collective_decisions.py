@@ -90,6 +90,11 @@ class InlinedDecision:
     # The size ranges the graph was guarded on (a range graph), "" for none: such a
     # graph is loaded only where Dynamo checks its guards.
     guarded_range: str = ""
+    # For a range of a dynamic op's ladder: how the call site ran each size (a
+    # SizePath's value) and the winners by size (range top, winner), as a graph loaded
+    # from the cache reports them again.
+    size_path: str = ""
+    winners: tuple[tuple[float, str], ...] = ()
 
 
 def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:

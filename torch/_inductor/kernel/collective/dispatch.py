@@ -464,6 +464,7 @@ def _dispatch_of_this_graph(
     graph is compiled for alone, or the winners of the ranges its sizes can lie in
     dispatched by size; logged and recorded (``collective_autotune_size_paths()``)."""
     from torch._dynamo.utils import counters
+    from torch._inductor.virtualized import V
 
     winners = tuple((top, g.impl_name) for top, g in branches)
     size = tensor_inputs[0].get_size()[dim]
@@ -503,6 +504,7 @@ def _dispatch_of_this_graph(
             how,
         )
     keep_size_path(record)
+    _size_paths.setdefault(V.graph, {})[name] = record
     trace_structured(
         "artifact",
         metadata_fn=lambda: {
@@ -512,6 +514,18 @@ def _dispatch_of_this_graph(
         payload_fn=lambda: json.dumps(dataclasses.asdict(record), default=str),
     )
     return dispatch
+
+
+# How each call site of the graph being lowered runs its sizes, by the op's name.
+_size_paths: weakref.WeakKeyDictionary[Any, dict[str, SizePathRecord]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def size_path_of(graph: Any, range_op: str) -> SizePathRecord | None:
+    """How the call site that range ``range_op`` belongs to ran its sizes in ``graph``
+    (a GraphLowering); None where none of its sites was of dynamic size."""
+    return _size_paths.get(graph, {}).get(range_op.rsplit("_range_", 1)[0])
 
 
 def _described(winners: Sequence[tuple[float, str]]) -> str:
@@ -548,46 +562,42 @@ def _branches(impl_groups: Sequence[Any]) -> list[tuple[float, Any]]:
 
 
 def _implementation(group: Any, runtime_kwargs: dict[str, Any]) -> Callable[..., Any]:
-    """A call of ``group``'s implementation, as a branch of the dispatch.
-
-    torch.cond traces its branches with Dynamo, which skips functions of torch's own
-    files unless told otherwise, and lifts the values a branch closes over into
-    operands (torch 2.11 takes only graph nodes there): constants are bound as default
-    arguments instead (here and in :func:`_dispatch_from`).
-    """
+    """A call of ``group``'s implementation, as a branch of the dispatch."""
     from torch._inductor.kernel.custom_op import _merge_config_and_runtime_kwargs
 
-    @torch._dynamo.dont_skip_tracing
-    def run(
-        *tensors: Any,
-        _group: Any = group,
-        _kwargs: Any = (
-            _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
-        ),
-    ) -> Any:
-        return _group.impl_func(*tensors, **_kwargs)
-
-    return run
+    kwargs = _merge_config_and_runtime_kwargs(group.impl_kwargs, runtime_kwargs)
+    return lambda *tensors: group.impl_func(*tensors, **kwargs)
 
 
 def _dispatch_from(
     branches: list[tuple[float, Any]], i: int, dim: int, runtime_kwargs: dict[str, Any]
 ) -> Callable[..., Any]:
-    """The dispatch among ``branches[i:]``: a torch.cond on the size per branch."""
+    """The dispatch among ``branches[i:]``: a cond on the size per branch."""
+    taken = _implementation(branches[i][1], runtime_kwargs)
     if i == len(branches) - 1:
-        return _implementation(branches[i][1], runtime_kwargs)
+        return taken
+    top = int(branches[i][0])
+    rest = _dispatch_from(branches, i + 1, dim, runtime_kwargs)
 
-    @torch._dynamo.dont_skip_tracing
-    def choose(
-        *tensors: Any,
-        _top: int = int(branches[i][0]),
-        _dim: int = dim,
-        _taken: Any = _implementation(branches[i][1], runtime_kwargs),
-        _rest: Any = _dispatch_from(branches, i + 1, dim, runtime_kwargs),
-    ) -> Any:
-        return torch.cond(tensors[0].size(_dim) <= _top, _taken, _rest, tensors)
+    def choose(*tensors: Any) -> Any:
+        # The higher-order op itself, traced by make_fx with its branches: torch.cond
+        # would compile a wrapper of it with Dynamo, a nested compile whose cache
+        # outlives this graph (a later graph's guard check against it evaluated guards
+        # on this graph's frozen shape environment) and which, on torch 2.11, cleared
+        # the outer compile's event log under aot_compile. Its branches return tuples.
+        out = torch.ops.higher_order.cond(
+            tensors[0].size(dim) <= top,
+            lambda *t: _as_tuple(taken(*t)),
+            lambda *t: _as_tuple(rest(*t)),
+            tuple(tensors),
+        )
+        return out[0] if len(out) == 1 else tuple(out)
 
     return choose
+
+
+def _as_tuple(out: Any) -> tuple[Any, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 # The traced dispatches of each graph being lowered, by what they were traced from.

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel.collective import dynamo_callbacks, range_graphs
+from torch._inductor.kernel.collective import dispatch, dynamo_callbacks, range_graphs
 from torch._inductor.kernel.collective.choices import (
     current_identity,
     is_registered_collective,
@@ -45,6 +45,9 @@ from torch._inductor.kernel.collective.records import (
     cleared_with_inductor_caches,
     CollectiveAutotuneRecord,
     keep_record,
+    keep_size_path,
+    SizePath,
+    SizePathRecord,
     Source,
 )
 from torch._inductor.runtime.collective_decisions import (
@@ -873,11 +876,19 @@ def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     """The decisions that ``graph`` (a GraphLowering) inlines, for its compiled graph
     and cache entry, each with the size ranges the graph was guarded on."""
     guarded = range_graphs.guarded_range(graph)
-    return tuple(
-        dataclasses.replace(decision, guarded_range=guarded)
-        for session in _graph_sessions.get(graph, {}).values()
-        for decision in session.inlined.values()
-    )
+    decisions = []
+    for session in _graph_sessions.get(graph, {}).values():
+        for decision in session.inlined.values():
+            path = dispatch.size_path_of(graph, decision.op)
+            decisions.append(
+                dataclasses.replace(
+                    decision,
+                    guarded_range=guarded,
+                    size_path=path.path.value if path else "",
+                    winners=path.winners if path else (),
+                )
+            )
+    return tuple(decisions)
 
 
 def _unguarded_here(decisions: Sequence[InlinedDecision]) -> str | None:
@@ -980,6 +991,19 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
             return False
     for decision in decisions:
         _keep_cached(decision)
+    # How the graph's sites of dynamic size run each size, once per op.
+    for op, path, guarded, winners in sorted(
+        {
+            (d.op.rsplit("_range_", 1)[0], d.size_path, d.guarded_range, d.winners)
+            for d in decisions
+            if d.size_path
+        }
+    ):
+        keep_size_path(
+            SizePathRecord(
+                op, SizePath(path), "loaded from the cache", guarded, winners
+            )
+        )
     return True
 
 

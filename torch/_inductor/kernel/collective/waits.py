@@ -143,9 +143,9 @@ def with_waits(
     """``implementation`` of ``op``, waiting for its functional collectives where its
     author did not (see :class:`WaitBeforeRead`), at the first read and at its output.
 
-    Dynamo cannot trace a dispatch mode, and traces the branches of a size dispatch
-    (``torch.cond``): there the implementation runs as written, as upstream's dispatch
-    of an op that does not communicate expects; a collective op's dispatch calls
+    Dynamo cannot trace a dispatch mode, and traces the branches of upstream's size
+    dispatch (``torch.cond``, an op that does not communicate): there the
+    implementation runs as written; a collective op's dispatch calls
     :func:`dispatchable` instead."""
 
     @functools.wraps(implementation)
@@ -169,10 +169,10 @@ def with_waits(
 
 def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` (made by :func:`with_waits`, or a wrapper of such) for a size dispatch,
-    whose branches Dynamo traces without dispatch modes: the implementation followed by
+    whose branches are traced once for every call site: the implementation followed by
     waits for its outputs where Inductor's own trace of it found one unwaited. One
     found reading an unwaited output inside stops every rank (they all traced it
-    alike). Resolved before the dispatch is traced, so Dynamo sees plain calls."""
+    alike). Resolved before the dispatch is traced, so its branches are plain calls."""
     from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
 
     if not hasattr(fn, "waits_of"):
