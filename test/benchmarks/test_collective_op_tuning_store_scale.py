@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """The session protocol's Store load, at a small scale, on a real TCPStore.
 
 Runs benchmarks/collective_store_scale.py's simulation (threads as ranks, each with a

@@ -102,8 +102,14 @@ def run_ranks(
     breaks_the_group: bool = False,
     restarts: bool = False,
     fresh_processes: bool = False,
+    timing: Callable[[str, int], float] | str | None = None,
 ) -> list[RankResult]:
     """``body(Rank, *args)`` on ``world_size`` ranks; every rank's result, by rank.
+
+    The ranks' benchmarks read the costs ``timing`` gives (:func:`given_timings`; by
+    default :class:`Costs`: every registered choice alike, the op's own far behind),
+    so that what a test checks follows from winners it fixed; ``timing=REAL`` times
+    the choices for real, for the tests of the timing itself.
 
     ``env`` is set on every rank for the body's duration; ``{rank}`` in a value is
     replaced by the rank. Unless ``env`` names one, each rank gets a new Inductor cache
@@ -134,11 +140,44 @@ def run_ranks(
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             raise unittest.SkipTest(f"needs WORLD_SIZE={world_size}")
-    cache_dir = os.path.join(tempfile.mkdtemp(prefix="collective_test_"), "{rank}")
-    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir, **(env or {})}
-    if under_torchrun():
-        return _run_in_process(world_size, body, args, device, env)
-    return _spawn(world_size, body, args, device, env, timeout_s)
+    timing = Costs() if timing is None else timing
+    caches = tempfile.mkdtemp(prefix="collective_test_")
+    env = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "{rank}"), **(env or {})}
+    try:
+        if under_torchrun():
+            return _run_in_process(world_size, body, args, device, env, timing)
+        return _spawn(world_size, body, args, device, env, timeout_s, timing)
+    finally:
+        shutil.rmtree(caches, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Given costs of a benchmark's choices (:func:`given_timings`), µs per call
+    whatever the size: ``us`` by choice label (a tuple: by global rank, its last value
+    for the ranks after), else ``own_us`` for the op's own implementation ("default")
+    and ``other_us`` for any other choice; and the host's contention while every
+    choice is timed (seconds per second its timing thread waited for a CPU)."""
+
+    us: dict[str, float | tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    own_us: float = 1000.0
+    other_us: float = 10.0
+    host_contention: float = 0.0
+
+    def __call__(self, choice: str, rows: int) -> float:
+        value = self.us.get(
+            choice, self.own_us if choice == "default" else self.other_us
+        )
+        if isinstance(value, tuple):
+            return value[min(dist.get_rank(), len(value) - 1)]
+        return value
+
+    def contention(self, choice: str, rows: int) -> float:
+        return self.host_contention
+
+
+# run_ranks(timing=REAL): the choices are timed for real.
+REAL = "real"
 
 
 @functools.cache
@@ -185,6 +224,7 @@ def _run_in_process(
     args: tuple,
     device: str,
     env: dict[str, str],
+    timing: Callable[[str, int], float] | str,
 ) -> list[RankResult]:
     if not dist.is_initialized():
         _init(int(os.environ["RANK"]), world_size, "env://", device)
@@ -194,7 +234,7 @@ def _run_in_process(
     env = {k: v.replace("{rank}", str(rank)) for k, v in env.items()}
     _share_kernels(env["TORCHINDUCTOR_CACHE_DIR"], _shared_kernels())
     with environment(env):
-        result = _call(rank, world_size, group, body, args, device)
+        result = _call(rank, world_size, group, body, args, device, timing)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, result)
     return gathered
@@ -210,6 +250,7 @@ def _spawn(
     device: str,
     env: dict[str, str],
     timeout_s: float,
+    timing: Callable[[str, int], float] | str,
 ) -> list[RankResult]:
     ctx = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue = ctx.Queue()
@@ -228,6 +269,7 @@ def _spawn(
                 args,
                 results,
                 timeout_s,
+                timing,
             ),
             daemon=True,
         )
@@ -304,13 +346,14 @@ def _child(
     args: tuple,
     results: multiprocessing.Queue,
     timeout_s: float,
+    timing: Callable[[str, int], float] | str,
 ) -> None:
     os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
     _share_kernels(os.environ["TORCHINDUCTOR_CACHE_DIR"], kernels)
     # A rank still running when the harness kills it says where it was.
     faulthandler.dump_traceback_later(timeout_s - 5, exit=False)
     _init(rank, world_size, f"tcp://127.0.0.1:{port}", device)
-    result = _call(rank, world_size, dist.group.WORLD, body, args, device)
+    result = _call(rank, world_size, dist.group.WORLD, body, args, device, timing)
     results.put(result)
     # Give the queue's feeder thread time to flush before the process goes away.
     results.close()
@@ -356,15 +399,22 @@ def _call(
     body: Callable[..., Any],
     args: tuple,
     device: str,
+    timing: Callable[[str, int], float] | str,
 ) -> RankResult:
     dev = (
         torch.device("cuda", torch.cuda.current_device())
         if device == "cuda"
         else torch.device("cpu")
     )
+    given = (
+        contextlib.nullcontext()
+        if timing == REAL
+        else given_timings(timing, getattr(timing, "contention", None))
+    )
     start = time.monotonic()
     try:
-        value = body(Rank(rank, world_size, dev, group), *args)
+        with given:
+            value = body(Rank(rank, world_size, dev, group), *args)
         return RankResult(rank, value=value, wall_s=time.monotonic() - start)
     except Exception:
         return RankResult(
@@ -402,10 +452,14 @@ def compile_and_check(fn, *inputs):
 
 
 @contextlib.contextmanager
-def given_timings(cost: Callable[[str, int], float]) -> Iterator[None]:
+def given_timings(
+    cost: Callable[[str, int], float],
+    contention: Callable[[str, int], float] | None = None,
+) -> Iterator[None]:
     """In the block, every collective benchmark reads ``cost(choice, rows)``
     microseconds per call for each choice (its label, and the rows of the op's first
-    input, a ladder range's top size) where it would time a round of samples.
+    input, a ladder range's top size) where it would time a round of samples, and a
+    host as contended as ``contention(choice, rows)`` says (0: quiet).
 
     Everything else is as users run it: the session, its votes and decisions, the
     correctness screen, sizing the samples, the rounds' early stop and the MAX
@@ -420,8 +474,12 @@ def given_timings(cost: Callable[[str, int], float]) -> Iterator[None]:
         self._given = ([c.name for c in candidates], inputs.tensors[0].shape[0])
         return benchmark(self, candidates, inputs, *args, **kwargs)
 
-    def given_round(self, batches, live, contention):
+    def given_round(self, batches, live, contended):
         names, rows = self._given
+        if contention is not None:
+            for i in live:  # a second of samples, waiting that share of it for a CPU
+                contended[i]._delay_s += contention(names[i], rows)
+                contended[i]._elapsed_s += 1.0
         return {i: float(cost(names[i], rows)) for i in live}, dict.fromkeys(live, 0.0)
 
     with (
@@ -431,91 +489,16 @@ def given_timings(cost: Callable[[str, int], float]) -> Iterator[None]:
         yield
 
 
+def costs(
+    us: dict[str, float], default_us: float = 1000.0
+) -> Callable[[str, int], float]:
+    """Given costs that do not depend on the size: ``us`` by choice, ``default_us``
+    for the others (the op's own, by default far behind)."""
+    return lambda choice, rows: us.get(choice, default_us)
+
+
 def assert_all_ok(results: list[RankResult]) -> list[Any]:
     """Every rank's value; fails with every rank's error otherwise."""
     failed = [r for r in results if not r.ok]
     assert not failed, "\n\n".join(f"rank {r.rank}:\n{r.error}" for r in failed)
     return [r.value for r in results]
-
-
-# A pick timed while the host was busy is provisional (2 ranks on 2 CPUs sometimes are):
-# its graph is not loaded by the next job, which times it again. Tests of what a restart
-# after a settled job does start a cold job again on empty caches until its picks settle.
-# On the 2-core CI VM about one decision in four over microsecond gloo collectives reads
-# its winner's or runner-up's timing thread as waiting for a CPU over the limit (10 demo
-# jobs, 2026-11-28), and a job makes several: a cold job costs 6 s here.
-SETTLE_ATTEMPTS = 8
-
-
-def settled_cold_job(
-    job: Callable[[Path], Any],
-    root: Path,
-    records: Callable[[Any], Iterator[Any]],
-) -> tuple[Path, Any]:
-    """Run ``job`` on fresh cache directories under ``root`` until no record that
-    ``records`` finds in its result is provisional; the directories and that result."""
-    attempts = []
-    for attempt in range(SETTLE_ATTEMPTS):
-        where = root / f"attempt{attempt}"
-        result = job(where)
-        provisional = [r for r in records(result) if r.provisional]
-        if not provisional:
-            return where, result
-        attempts.append(
-            f"attempt {attempt}: {len(provisional)} provisional, e.g. "
-            + (
-                provisional[0].confidence.describe()
-                if provisional[0].confidence is not None
-                else provisional[0].reason
-            )
-        )
-    # What kept the host busy (another process, a VM's hypervisor): nothing else says.
-    raise AssertionError(
-        f"every one of {SETTLE_ATTEMPTS} cold jobs timed on a host it measured busy:\n"
-        + "\n".join(attempts)
-        + "\nthe next second (CPU seconds; then pid, command):\n"
-        + "\n".join(host_load())
-    )
-
-
-def host_load(count: int = 5, window_s: float = 1.0) -> list[str]:
-    """The host's idle and stolen CPU time over ``window_s`` and the processes that used
-    the most CPU then, from /proc (Linux)."""
-
-    def cpu_ticks() -> dict[int, int]:
-        ticks = {}
-        for entry in Path("/proc").glob("[0-9]*"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                # utime and stime: fields 14 and 15, after the parenthesised name.
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
-        return ticks
-
-    def host_ticks() -> list[int]:
-        # /proc/stat's first line: user nice system idle iowait irq softirq steal ...
-        with contextlib.suppress(OSError, ValueError):
-            return [int(v) for v in Path("/proc/stat").read_text().split()[1:9]]
-        return [0] * 8
-
-    before, host_before = cpu_ticks(), host_ticks()
-    time.sleep(window_s)
-    used = sorted(
-        ((t - before.get(pid, t), pid) for pid, t in cpu_ticks().items()),
-        reverse=True,
-    )
-    host = [b - a for a, b in zip(host_before, host_ticks())]
-    hz = os.sysconf("SC_CLK_TCK")
-    # A VM's CPUs taken by its hypervisor delay the timing threads as a process would.
-    lines = [
-        f"  host: {host[3] / hz:.2f} CPU s idle, {host[7] / hz:.2f} stolen by the "
-        "hypervisor"
-    ]
-    for ticks, pid in used[:count]:
-        if ticks <= 0:
-            break
-        with contextlib.suppress(OSError):
-            command = (
-                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            )
-            lines.append(f"  {ticks / hz:.2f} {pid} {command[:160]}")
-    return lines

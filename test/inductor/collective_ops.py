@@ -7,6 +7,7 @@ CustomOpConfig parameter would also reach the default, which takes none).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -60,18 +61,6 @@ def _sleep_ms(x: torch.Tensor, ms: float) -> None:
         torch.cuda._sleep(int(ms * _gpu_cycles_per_ms()))
     else:
         time.sleep(ms / 1e3)
-
-
-@torch.library.custom_op("cat_test::delay_rows", mutates_args=())
-def delay_rows(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
-    """``x``, after ``ms_per_row`` milliseconds per row: a cost that grows with size."""
-    _sleep_ms(x, x.shape[0] * ms_per_row)
-    return x.clone()
-
-
-@delay_rows.register_fake
-def _(x: torch.Tensor, ms_per_row: float) -> torch.Tensor:
-    return torch.empty_like(x)
 
 
 # The tags of the implementations that ran (eagerly or inside a compiled graph).
@@ -166,11 +155,10 @@ def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 @torch.library.custom_op("cat_test::opaque_all_reduce", mutates_args=())
 def opaque_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    """An all-reduce Inductor cannot see into (as symmetric-memory kernels are wrapped):
-    6 ms plus 0.05 ms a row."""
+    """An all-reduce Inductor cannot see into (as symmetric-memory kernels are
+    wrapped), noting that it ran."""
     out = x.clone()
     dist.all_reduce(out, group=group_of(group_name))
-    _sleep_ms(x, 6 + 0.05 * x.shape[0])
     ran.append("opaque")
     return out
 
@@ -308,9 +296,9 @@ def all_reduce_then(
     return impl
 
 
-def slow_to_trace(name: str, wait_ms: str = "0") -> Callable:
-    """An all-reduce (then a delay) whose tracing takes CAT_TEST_SLOW_TRACE_S seconds,
-    once per process, on the global rank CAT_TEST_SLOW_TRACE_RANK: a cold compile."""
+def slow_to_trace(name: str) -> Callable:
+    """An all-reduce whose tracing takes CAT_TEST_SLOW_TRACE_S seconds, once per
+    process, on the global rank CAT_TEST_SLOW_TRACE_RANK: a cold compile."""
 
     def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
         if (
@@ -320,8 +308,7 @@ def slow_to_trace(name: str, wait_ms: str = "0") -> Callable:
             _slow_traced.append(name)
             # The fault under test: a compile that outlasts the timeout (no event to wait for).
             time.sleep(float(os.environ["CAT_TEST_SLOW_TRACE_S"]))
-        out = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
-        return out if wait_ms == "0" else delay(out, wait_ms)
+        return fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
 
     impl.__name__ = name
     return impl
@@ -370,16 +357,14 @@ def writes_into_input(
 
 
 def flat_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-    """An all-reduce that costs 20 ms whatever the size."""
-    out = delay(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), "20")
-    return mark(out, "flat_cost")
+    """An all-reduce whose cost does not grow with the size (DesignedCosts)."""
+    return mark(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), "flat_cost")
 
 
 def per_row_cost(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-    """An all-reduce that costs 1 ms per row: faster than flat_cost below 20 rows."""
+    """An all-reduce whose cost grows with the rows (DesignedCosts)."""
     _note_trace("per_row_cost")
-    out = delay_rows(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), 1.0)
-    return mark(out, "per_row_cost")
+    return mark(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), "per_row_cost")
 
 
 def per_row_cost_up_to_16(
@@ -393,22 +378,29 @@ def per_row_cost_up_to_16(
 
 
 def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-    """The opaque op: faster than per_row_cost from 7 rows, than a 12 ms op's own below 120.
-    At the ladder's sizes 1, 4, 16 and 256 the winner leads by 1.5x or more, at 64 by 1.3x
-    (a 2-core machine's sleeps overshoot: 5.2 ms against per_row_cost's 4 at 4 rows was
-    too close; a loaded one moved 4 rows to this op at 1.54x once)."""
+    """The opaque op (DesignedCosts: faster than per_row_cost from 7 rows, than a 12 ms
+    op's own below 120)."""
     return opaque_all_reduce(x, group_name)
 
 
-def marked(name: str) -> Callable:
-    """An all-reduce that notes that it ran, as ``name``, and costs nothing more: its
-    cost is what the test gives (collective_harness.given_timings)."""
+@dataclasses.dataclass(frozen=True)
+class DesignedCosts:
+    """The given costs (collective_harness.given_timings) of the implementations
+    above, in ms per call by rows: flat_cost 20, per_row_cost 1 a row (flat_cost above
+    16 rows for per_row_cost_up_to_16), the opaque op 6 + 0.05 a row, the op's own
+    ``own_ms``, any other choice 1."""
 
-    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-        return mark(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), name)
+    own_ms: float = 12.0
 
-    impl.__name__ = name
-    return impl
+    def __call__(self, choice: str, rows: int) -> float:
+        ms = {
+            "flat_cost": 20.0,
+            "per_row_cost": float(rows),
+            "per_row_cost_up_to_16": float(rows) if rows <= 16 else 20.0,
+            "opaque": 6 + 0.05 * rows,
+            "default": self.own_ms,
+        }.get(choice, 1.0)
+        return 1e3 * ms
 
 
 def chunked_all_reduce(
@@ -462,64 +454,6 @@ def scale_by_mul(x: torch.Tensor) -> torch.Tensor:
 
 def scale_by_add(x: torch.Tensor) -> torch.Tensor:
     return x + x
-
-
-# -- work that a loaded host slows down ------------------------------------------------
-
-
-# CPU seconds of one unit of "opaque work": a fixed amount of computation, which takes
-# longer in wall time when the host is busy (a sleep would not).
-WORK_UNIT_S = 1e-3
-
-
-@torch.library.custom_op("cat_test::work", mutates_args=())
-def work(x: torch.Tensor, units: str) -> torch.Tensor:
-    """``x``, after this rank's share of ``units`` (per rank: "0,15") of CPU work."""
-    spent = time.thread_time() + _per_rank(units) * WORK_UNIT_S
-    while time.thread_time() < spent:
-        pass
-    return x.clone()
-
-
-@work.register_fake
-def _(x: torch.Tensor, units: str) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-def worked_all_reduce(name: str, units: str) -> Callable:
-    """An all-reduce after ``units`` of CPU work per rank (see :func:`work`)."""
-
-    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
-        return fc.wait_tensor(fc.all_reduce(work(x, units), "sum", group_name))
-
-    impl.__name__ = name
-    return impl
-
-
-@torch.library.custom_op("cat_test::worked_all_reduce", mutates_args=())
-def loaded_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    """The op's own implementation: more work than either choice, on every rank."""
-    out = work(x, "25")
-    dist.all_reduce(out, group=group_of(group_name))
-    return out
-
-
-@loaded_all_reduce.register_fake
-def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-def register_balanced_and_skewed() -> None:
-    """ "balanced": 10 units on every rank; "skewed": none on rank 0, 15 on the others.
-    By the slowest rank balanced is faster, unless a busy host slows the ranks that
-    work at once more than the one that works alone."""
-    register_custom_op_autotuning(
-        loaded_all_reduce,
-        configs=[
-            CustomOpConfig(worked_all_reduce("balanced", "10")),
-            CustomOpConfig(worked_all_reduce("skewed", "0,15")),
-        ],
-    )
 
 
 # -- registrations ---------------------------------------------------------------------

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """Collective custom-op autotuning, end to end on real process groups.
 
 Runs self-spawning under plain pytest (gloo on CPU; NCCL where GPUs are present) and
@@ -31,8 +32,10 @@ from collective_harness import (
     CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
+    Costs,
     DEVICE_CASES,
     Rank,
+    REAL,
     run_ranks,
     short,
     under_torchrun,
@@ -121,19 +124,17 @@ def five_ops_body(r: Rank) -> list:
 # -- the slowest rank decides --------------------------------------------------------------
 
 
-def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str, default_ms: str) -> list:
+def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str) -> list:
     # "uneven" is fast on average but slow on one rank; "even" is the same everywhere.
     ops.register_all_reduce(
         ops.all_reduce_then("uneven", wait_ms=uneven_ms),
         ops.all_reduce_then("even", wait_ms=even_ms),
     )
     group = r.group.group_name
-
-    def f(x):
-        return ops.all_reduce(x, group, default_ms)
-
     with torch._inductor.config.patch(collective_benchmark_nruns=10):
-        return compile_and_check(f, torch.randn(8, 8, device=r.device))
+        return compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
 
 
 # -- two groups of 2 inside a world of 4 ---------------------------------------------------------
@@ -142,17 +143,10 @@ def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str, default_ms: str) ->
 def two_groups_body(r: Rank) -> list:
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = groups[r.rank // 2]
-    # Group [0, 1] finds "x" slow, group [2, 3] finds "y" slow.
-    ops.register_all_reduce(
-        ops.all_reduce_then("x", wait_ms="6,6,0,0"),
-        ops.all_reduce_then("y", wait_ms="0,0,6,6"),
+    ops.register_all_reduce(ops.all_reduce_then("x"), ops.all_reduce_then("y"))
+    return compile_and_check(
+        lambda t: ops.all_reduce(t, mine.group_name), torch.randn(8, 8, device=r.device)
     )
-
-    def f(t):
-        return ops.all_reduce(t, mine.group_name, "15")
-
-    with torch._inductor.config.patch(collective_benchmark_nruns=10):
-        return compile_and_check(f, torch.randn(8, 8, device=r.device))
 
 
 # -- a non-collective custom op is tuned as before ----------------------------------------------
@@ -274,16 +268,13 @@ def threshold_body(r: Rank, threshold: float) -> list:
 
     register_custom_op_autotuning(
         ops.all_reduce,
-        configs=[CustomOpConfig(ops.all_reduce_then("faster", wait_ms="2"))],
+        configs=[CustomOpConfig(ops.all_reduce_then("faster"))],
         min_speedup_threshold=threshold,
     )
     group = r.group.group_name
-    with torch._inductor.config.patch(collective_benchmark_nruns=6):
-        # The op's own implementation waits 12 ms after its all-reduce, "faster" 2 ms: at
-        # most 6x faster, and still 1.2x with up to 48 ms of overhead per call on a busy host.
-        return compile_and_check(
-            lambda x: ops.all_reduce(x, group, "12"), torch.randn(8, 8, device=r.device)
-        )
+    return compile_and_check(
+        lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+    )
 
 
 def cudagraph_registration_body(r: Rank) -> list:
@@ -454,46 +445,33 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         assert len({r.session for r in records}) == 1
         assert len({r.key for r in records}) == 5
 
-    @parametrize("device", DEVICE_CASES)
-    @parametrize(
-        "world_size,uneven_ms,even_ms",
-        # 5 ms between the slow rank and "even" on 2 ranks: a CI run measured 4 ms of host
-        # delay on top of "even"'s 5 ms of sleeps (2 ranks on 2 cores). On 4 ranks (4
-        # processes on 2 cores) a CI run read "even" (5 ms of sleeps) at 15.1 ms on its
-        # slowest rank and the slow rank's 12 ms at 15.0: 17 ms between them now.
-        # "uneven" adds less delay on average over the ranks (11/2 < 6, 24/4 < 7).
-        [(2, "11,0", 6.0), (4, "24,0", 7.0)],
-        name_fn=lambda world_size, uneven_ms, even_ms: f"{world_size}_ranks",
-    )
-    def test_slowest_rank_rule(self, world_size, uneven_ms, even_ms, device):
+    @parametrize("world_size", [2, 4])
+    def test_slowest_rank_rule(self, world_size):
+        # "uneven" costs 18 us on rank 0 and 0 elsewhere, "even" 10 everywhere: by the
+        # average over the ranks "uneven" is faster, by the slowest rank "even" is.
+        costs = Costs({"uneven": (18.0, 0.0), "even": 10.0})
         (record,) = check_agreement(
-            run_ranks(
-                world_size,
-                slowest_rank_body,
-                uneven_ms,
-                str(even_ms),
-                "20",
-                device=device,
-            ),
+            run_ranks(world_size, slowest_rank_body, "0", "0", timing=costs),
             1,
             world_size,
         )
         timing = {short(t.name): t for t in record.timings}
-        uneven, even = timing["uneven"], timing["even"]
-        slow_ms = float(uneven_ms.split(",")[0])
-        # By construction "uneven" adds less delay on average over the ranks (the
-        # collective itself costs the same). Its fast ranks' readings are not compared:
-        # each sample starts with an untimed call whose delay holds them up in the timed
-        # one, as a running model would, and a busy host adds as much again (a 2-core CI
-        # run read 9.5 ms on uneven's fastest rank against 8.0 ms on even's). The rule
-        # itself is pinned by test_the_pick_compares_slowest_ranks; this test checks the
-        # slowest rank's reading and the winner end to end.
-        # Its slowest rank is slower than "even" is anywhere, so "even" wins.
-        assert (
-            uneven.max_us >= 0.9 * slow_ms * 1e3 and even.max_us >= 0.9 * even_ms * 1e3
+        assert timing["uneven"].max_us == 18.0 and timing["uneven"].min_us == 0.0
+        assert timing["even"].max_us == timing["even"].min_us == 10.0
+        assert short(record.winner) == "even"
+
+    @parametrize("device", DEVICE_CASES)
+    def test_the_slowest_ranks_real_time_decides(self, device):
+        # Timed for real: "uneven" sleeps 50 ms a call on rank 0 alone, "even" 10 ms on
+        # every rank: 5x apart on their slowest ranks.
+        (record,) = check_agreement(
+            run_ranks(2, slowest_rank_body, "50,0", "10", device=device, timing=REAL),
+            1,
+            2,
         )
-        assert uneven.max_us > even.max_us
-        assert record.winner == even.name
+        timing = {short(t.name): t for t in record.timings}
+        assert timing["uneven"].max_us >= 0.9 * 50e3 and timing["even"].max_us >= 9e3
+        assert short(record.winner) == "even"
 
     def test_the_pick_compares_slowest_ranks(self):
         # A pure function of the group's timings (identical on every rank): the choice
@@ -510,7 +488,11 @@ class TestCollectiveOpTuning(CollectiveTestCase):
 
     @parametrize("device", DEVICE_CASES)
     def test_two_groups_in_a_world_of_four_tune_independently(self, device):
-        per_rank = assert_all_ok(run_ranks(4, two_groups_body, device=device))
+        # Group [0, 1] finds "x" slow, group [2, 3] finds "y" slow.
+        costs = Costs({"x": (60.0, 60.0, 10.0), "y": (10.0, 10.0, 60.0)})
+        per_rank = assert_all_ok(
+            run_ranks(4, two_groups_body, device=device, timing=costs)
+        )
         (a0,), (a1,), (b0,), (b1,) = per_rank
         assert a0 == a1 and b0 == b1
         assert a0.group_ranks == (0, 1) and b0.group_ranks == (2, 3)
@@ -627,7 +609,11 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             not in inspect.signature(register_custom_op_autotuning).parameters
         ):
             self.skipTest("this torch has no min_speedup_threshold")
-        (a,), (b,) = assert_all_ok(run_ranks(2, threshold_body, threshold))
+        # The op's own costs 12 ms, "faster" 2 ms: 6x faster on every rank.
+        costs = Costs({"faster": 2000.0}, own_us=12000.0)
+        (a,), (b,) = assert_all_ok(
+            run_ranks(2, threshold_body, threshold, timing=costs)
+        )
         assert a == b and a.decision == "benchmark" and a.winner == expected, (a, b)
         if expected == "default":
             assert "min_speedup_threshold=8" in a.reason, a.reason

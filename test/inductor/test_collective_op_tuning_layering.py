@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """The collective modules import one way: no module imports, even inside a function,
 one that imports it back (directly or through others).
 

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """Ops that do not communicate: the overlay leaves them as upstream has them.
 
 Every scenario of ``noncollective_probe.py`` (a non-collective custom op registered with

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """The GPU paths on one GPU, where machines of several GPUs are not at hand.
 
 A NCCL group of one rank still runs everything but the waiting: its sessions, the
@@ -22,12 +23,13 @@ from collective_harness import (
     assert_all_ok,
     compile_and_check,
     Rank,
+    REAL,
     run_ranks,
 )
 from collective_scenarios import decision_files, NO_GRAPH_CACHES
 from test_collective_op_tuning import check_agreement, one_op_body
 from test_collective_op_tuning_failing_choices import writes_input_body
-from test_collective_op_tuning_persistence import zeroes_body
+from test_collective_op_tuning_persistence import ZEROES_COSTS, zeroes_body
 from test_collective_op_tuning_graphs import (
     forward_and_backward_body,
     mixed_winner_layers,
@@ -109,10 +111,8 @@ def default_mode_as_traced_body(r: Rank, with_pointwise_choice: bool) -> dict:
     ops.register_all_reduce(*choices)
     group = r.group.group_name
     uncompiled = counters["inductor"]["collective_autotune_uncompiled_choices"]
-    # The op's own sleeps 2 ms here: a choice must beat it to win, and the inlined
-    # all-reduce does so clearly.
     records = compile_and_check(
-        lambda x: ops.all_reduce(torch.relu(x), group, "2") * 2,
+        lambda x: ops.all_reduce(torch.relu(x), group) * 2,
         torch.randn(64, 32, device=r.device),
     )
     return {
@@ -127,16 +127,25 @@ def default_mode_as_traced_body(r: Rank, with_pointwise_choice: bool) -> dict:
 @unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
 class TestOneGpu(CollectiveTestCase):
     def test_one_op_is_screened_and_timed_on_one_gpu(self):
-        (record,) = check_agreement(run_ranks(1, one_op_body, device="cuda"), 1, 1)
+        # Timed for real, on the GPU.
+        (record,) = check_agreement(
+            run_ranks(1, one_op_body, device="cuda", timing=REAL), 1, 1
+        )
         assert record.mode == "eager" and record.group_ranks == (0,)
 
     def test_the_default_mode_times_choices_as_traced_all_or_none_on_one_gpu(self):
         (alike,) = assert_all_ok(
-            run_ranks(1, default_mode_as_traced_body, False, device="cuda")
+            run_ranks(
+                1,
+                default_mode_as_traced_body,
+                False,
+                device="cuda",
+                timing=ops.DesignedCosts(own_ms=2.0),
+            )
         )
         (record,) = alike["records"]
         # Both choices run as traced (the functional all-reduce in place on the
-        # producer's stand-in), and the fastest wins: the opaque op sleeps 6 ms.
+        # producer's stand-in), and the fastest wins: the opaque op costs 6 ms.
         assert record.mode == "eager" and alike["uncompiled_choices"] == 2
         assert record.winner.endswith("one_all_reduce"), record.winner
         (mixed,) = assert_all_ok(
@@ -148,14 +157,28 @@ class TestOneGpu(CollectiveTestCase):
 
     def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu(self):
         (result,) = assert_all_ok(
-            run_ranks(1, graph_mode_sizes_body, False, device="cuda", timeout_s=300)
+            run_ranks(
+                1,
+                graph_mode_sizes_body,
+                False,
+                device="cuda",
+                timeout_s=300,
+                timing=ops.DesignedCosts(),
+            )
         )
         check_each_size_ran_its_winner(result)
         assert result["dispatching_sites"] > 0 and len(set(result["graphs"])) == 1
 
     def test_each_size_range_is_a_cuda_graph_tree_of_its_own_on_one_gpu(self):
         (result,) = assert_all_ok(
-            run_ranks(1, graph_mode_sizes_body, True, device="cuda", timeout_s=300)
+            run_ranks(
+                1,
+                graph_mode_sizes_body,
+                True,
+                device="cuda",
+                timeout_s=300,
+                timing=ops.DesignedCosts(),
+            )
         )
         check_each_size_ran_its_winner(result)
         # One graph per range visited (2, 8 and 30, 100 lie in different cells), none inside
@@ -166,7 +189,14 @@ class TestOneGpu(CollectiveTestCase):
 
     def test_forward_and_backward_dispatch_on_one_gpu(self):
         (result,) = assert_all_ok(
-            run_ranks(1, forward_and_backward_body, False, device="cuda", timeout_s=300)
+            run_ranks(
+                1,
+                forward_and_backward_body,
+                False,
+                device="cuda",
+                timeout_s=300,
+                timing=ops.DesignedCosts(),
+            )
         )
         assert result["frames"] == 1 and len(result["records"]) == 30
 
@@ -176,7 +206,14 @@ class TestOneGpu(CollectiveTestCase):
             **NO_GRAPH_CACHES,
         }
         ((first,),) = assert_all_ok(
-            run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True)
+            run_ranks(
+                1,
+                zeroes_body,
+                device="cuda",
+                env=env,
+                restarts=True,
+                timing=ZEROES_COSTS,
+            )
         )
         assert first.source == "benchmark"
         (entry,) = decision_files(self.tmp_path, 0)
@@ -184,7 +221,14 @@ class TestOneGpu(CollectiveTestCase):
         data["winner"] = "zeroes"
         entry.write_text(json.dumps(data))
         ((again,),) = assert_all_ok(
-            run_ranks(1, zeroes_body, device="cuda", env=env, restarts=True)
+            run_ranks(
+                1,
+                zeroes_body,
+                device="cuda",
+                env=env,
+                restarts=True,
+                timing=ZEROES_COSTS,
+            )
         )
         assert again.source == "benchmark" and again.winner != "zeroes"
         assert "the stored winner failed its screen" in again.reason

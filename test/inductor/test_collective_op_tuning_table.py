@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """The hand-set threshold table that benchmarks/serving_step.py races the tuner against.
 
 ``tp_demo::table_all_reduce`` (examples/tp_allreduce/ops.py) picks its implementation by

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """tools/overlay.py on fake torch installs: the patch series applied, checked, removed,
 shared between minors, edited and refreshed.
 
