@@ -1,3 +1,4 @@
+# Owner(s): ["oncall: distributed"]
 """The generic Store session protocol (torch.distributed._store_session) on a HashStore:
 its wire format, its typed errors, and the vocabulary its user names them with.
 
@@ -48,24 +49,25 @@ def _in_threads(fns: list) -> list:
 class TestStoreSession(TestCase):
     def test_a_message_is_one_json_object_and_none_travels_as_null(self):
         message = Message(1, {"stored": None, "choices": ["a", "b"]})
-        wire = message.to_wire()
+        wire = message.encode()
         self.assertEqual(
             json.loads(wire),
             {"rank": 1, "value": {"stored": None, "choices": ["a", "b"]}},
         )
-        self.assertNotIn("\n", Message(0, "two\nlines").to_wire())
-        self.assertEqual(Message.from_wire(wire), message)
+        self.assertNotIn("\n", Message(0, "two\nlines").encode())
+        self.assertEqual(Message.decode(wire), message)
 
     def test_a_malformed_message_fails_clearly(self):
         for line, says in [
             ("{not json", "not JSON"),
-            ('["rank", 0]', "not a rank's message"),
-            ('{"rank": 0}', "not a rank's message"),
-            ('{"rank": "0", "value": 1}', "no group rank"),
+            ('["rank", 0]', "not a Message"),
+            ('{"rank": 0}', "not a Message"),
+            ('{"rank": "0", "value": 1}', "rank is not a <class 'int'>"),
+            ('{"rank": true, "value": 1}', "rank is not a <class 'int'>"),
             ('{"rank": -1, "value": 1}', "no group rank"),
         ]:
             with self.assertRaisesRegex(MalformedMessageError, says):
-                Message.from_wire(line)
+                Message.decode(line)
 
     def test_votes_are_json_values_by_group_rank(self):
         store = dist.HashStore()
@@ -89,7 +91,7 @@ class TestStoreSession(TestCase):
         store = dist.HashStore()
         member = _participant(store, 0, Client)
         store.append("ns/g/session/s/vote/t/votes", '{"rank": 1, "value": "x"}\n[1]\n')
-        with self.assertRaisesRegex(Error, "^t: not a rank's message"):
+        with self.assertRaisesRegex(Error, "^t: not a Message"):
             StoreSession(member, "g", "s", 0, [0, 1], 0.4).vote("t", "mine")
 
     def test_a_decision_is_any_json_value_and_the_first_proposal_holds(self):

@@ -1,3 +1,4 @@
+# Owner(s): ["module: inductor"]
 """Fast unit tests of collective autotuning's pure pieces: no process group, no compile.
 
 The protocol's pieces run on a ``HashStore`` (one process, real Store semantics); the
@@ -28,6 +29,7 @@ from torch._inductor.kernel.collective.dispatch import (
     Incumbent,
 )
 from torch._inductor.kernel.collective.graph_sessions import (
+    SiteReport,
     _decide_graph,
     _differing_settings,
     _failures,
@@ -47,14 +49,21 @@ from torch._inductor.runtime.collective_benchmarking import (
     ChoiceStatus,
     is_collective_op,
     prune,
+    TimingMode,
     Verdict,
 )
-from torch._inductor.runtime.collective_decisions import DecisionStore, StoredDecision
+from torch._inductor.runtime.collective_decisions import (
+    DecisionStore,
+    Environment,
+    StoredDecision,
+)
 from torch._inductor.runtime.collective_protocol import (
     CollectiveAutotuneError,
     CollectiveSession,
     Decision,
     DecisionKind,
+    Join,
+    MalformedMessageError,
     StoreClient,
 )
 from torch.testing._internal.common_utils import run_tests
@@ -556,7 +565,7 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         cpu, gpu = torch.device("cpu"), torch.device("cuda")
         alike = {"own": own, "opaque": opaque, "functional": functional}
         mixed = {**alike, "pointwise": pointwise}
-        for mode in ("eager", "graph"):
+        for mode in TimingMode:
             assert timed_as_traced(alike, gpu, fused, mode) == {"opaque", "functional"}
             # On a CPU every subgraph choice runs as traced.
             assert timed_as_traced(mixed, cpu, fused, mode) == {
@@ -567,8 +576,11 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         # A choice with pointwise work of its own is compiled; in graph mode the others
         # are still timed as traced (a replay costs the device's work), in the default
         # mode they are compiled too, to launch from the host as that one does.
-        assert timed_as_traced(mixed, gpu, fused, "graph") == {"opaque", "functional"}
-        assert timed_as_traced(mixed, gpu, fused, "eager") == set()
+        assert timed_as_traced(mixed, gpu, fused, TimingMode.GRAPH) == {
+            "opaque",
+            "functional",
+        }
+        assert timed_as_traced(mixed, gpu, fused, TimingMode.EAGER) == set()
 
     def test_an_unwaited_collective_is_waited_for_at_its_first_read_and_at_the_output(
         self,
@@ -643,21 +655,16 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         why = _differing_settings([same, other, same])
         assert "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_WARMUP" in why
         assert "5 on group ranks [0, 2], 6 on group ranks [1]" in why
-        decision = _decide_graph(
-            [{"settings": same, "loaded": ""}, {"settings": other, "loaded": ""}]
-        )
+        decision = _decide_graph([Join("", same), Join("", other)])
         assert decision.kind == DecisionKind.MISMATCH
 
     def test_a_cached_graph_is_loaded_only_where_every_rank_loaded_the_same(self):
         settings = {"collective_benchmark_warmup": 5}
-        assert (
-            _decide_graph([{"settings": settings, "loaded": "g"}] * 2).kind
-            == DecisionKind.LOAD
-        )
+        assert _decide_graph([Join("g", settings)] * 2).kind == DecisionKind.LOAD
         mixed = _decide_graph(
             [
-                {"settings": settings, "loaded": "g"},
-                {"settings": settings, "loaded": ""},
+                Join("g", settings),
+                Join("", settings),
             ]
         )
         assert (
@@ -665,12 +672,37 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
             and "group ranks [0] hit their caches" in mixed.reason
         )
 
-    def test_decisions_round_trip_through_their_encodings(self):
-        decision = Decision(DecisionKind.FALLBACK, "late")
-        assert Decision.decode(decision.encode().encode()) == decision
-        assert GroupChoice.decode(
-            GroupChoice("x", provisional=True).encode()
-        ) == GroupChoice("x", True)
+    def test_messages_round_trip_through_their_encodings(self):
+        report = SiteReport(
+            "k", ("a", "b"), GroupChoice("a", True), None, "a", {"b": "boom"}, True
+        )
+        for message in [
+            Decision(DecisionKind.FALLBACK, "late"),
+            GroupChoice("x", provisional=True, unsure=True),
+            Join("", {"collective_benchmark_warmup": 5}),
+            report,
+        ]:
+            self.assertEqual(type(message).decode(message.encode().encode()), message)
+        self.assertEqual(SiteReport.decode(report.encode()).decided.unsure, False)
+
+    def test_a_malformed_message_names_its_field(self):
+        for cls, raw, says in [
+            (Decision, '{"kind": "guess", "reason": ""}', "kind is not"),
+            (Decision, '{"kind": "load"}', "not a Decision"),
+            (GroupChoice, '["x", true]', "not a GroupChoice"),
+            (
+                GroupChoice,
+                '{"winner": 1, "provisional": false, "unsure": false}',
+                "winner",
+            ),
+            (Join, "{not json", "not JSON"),
+        ]:
+            with self.assertRaisesRegex(MalformedMessageError, says):
+                cls.decode(raw)
+        wire = json.loads(SiteReport("k", ("a",), None, None, None, {}).encode())
+        for field, value in [("choices", "a"), ("failed", {"a": 1}), ("built", 1)]:
+            with self.assertRaisesRegex(CollectiveAutotuneError, field):
+                SiteReport.from_wire({**wire, field: value})
 
     def test_code_identity_follows_the_code_not_the_name(self):
         assert code_identity(_factory(2.0)) == code_identity(_factory(2.0))
@@ -694,17 +726,23 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
 
     def test_a_stored_decision_is_read_back_and_anything_else_is_a_miss(self):
         store = DecisionStore(self.tmp_path)
-        env = {"group_size": 2}
+        env = Environment(2, torch.__version__, "gloo", "cpu")
         decision = StoredDecision("key", env, "winner", {"winner": 5.0})
         store.save(decision)
-        assert store.load("key", env) == decision
-        assert store.load("key", {"group_size": 4}) is None  # another environment
-        assert store.load("other", env) is None
+        self.assertEqual(store.load("key", env), decision)
+        other = dataclasses.replace(env, group_size=4)
+        self.assertIsNone(store.load("key", other))  # another environment
+        self.assertIsNone(store.load("other", env))
         (path,) = self.tmp_path.glob("*.json")
-        path.write_text("{not json")
-        assert store.load("key", env) is None
-        path.write_text(json.dumps({"format": 0, **dataclasses.asdict(decision)}))
-        assert store.load("key", env) is None  # an older format
+        written = json.loads(path.read_text())
+        for text in [
+            "{not json",
+            json.dumps({**written, "format": 0}),  # an older format
+            json.dumps({**written, "winner": 3}),
+            json.dumps({**written, "environment": other.to_wire()}),  # edited
+        ]:
+            path.write_text(text)
+            self.assertIsNone(store.load("key", env))
 
     def test_a_vote_costs_each_rank_four_requests_and_returns_every_outcome(self):
         store = dist.HashStore()
@@ -771,18 +809,18 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         decide = lambda joins: Decision(DecisionKind.COMPILE, "tune")  # noqa: E731
         fallback = lambda why: Decision(DecisionKind.FALLBACK, why)  # noqa: E731
         first = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree(
-            {}, decide, fallback
+            Join("", {}), decide, fallback
         )
         requests = member.client.requests
         again = CollectiveSession(member, "g", "plan", 0, [0], 0.4).agree(
-            {}, decide, fallback
+            Join("", {}), decide, fallback
         )
         assert (
             again == first and member.client.requests == requests
         )  # read from what it knows
         # The same plan on another group is another session: joined, decided there.
         other = CollectiveSession(member, "h", "plan", 0, [0], 0.4).agree(
-            {}, decide, fallback
+            Join("", {}), decide, fallback
         )
         assert other == first and member.client.requests > requests
         # A session that ended in an error has no decision: a later graph says so at once
@@ -791,14 +829,14 @@ class TestCollectiveOpTuningUnits(CollectiveTestCase):
         member.client.set("ns/a/abort", "group rank 1: gone")
         with self.assertRaisesRegex(CollectiveAutotuneError, "group rank 1: gone"):
             CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree(
-                {}, decide, fallback
+                Join("", {}), decide, fallback
             )
         requests = member.client.requests
         with self.assertRaisesRegex(
             CollectiveAutotuneError, "ended without a decision"
         ):
             CollectiveSession(member, "a", "plan", 0, [0, 1], 0.4).agree(
-                {}, decide, fallback
+                Join("", {}), decide, fallback
             )
         assert member.client.requests - requests <= 1, (
             "it waited on the Store for a decision"

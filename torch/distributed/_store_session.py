@@ -72,12 +72,15 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import enum
 import json
 import logging
 import os
 import socket
 import threading
 import time
+import types
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar, TYPE_CHECKING
@@ -212,37 +215,116 @@ def doing_key(namespace: str, global_rank: int) -> str:
 # -- messages --------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Message:
-    """One rank's message in a session: its join, or its vote on a topic.
+class WireMessage:
+    """A frozen dataclass that travels as one JSON object: its fields by name, each
+    value checked against the field's annotation when read (str, int, float, bool, an
+    enum by its value, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, ``Any``, or
+    another WireMessage), so that what the protocol reads is what it writes or a
+    ``MalformedMessageError`` (or the class's ``malformed_error``) naming the field."""
 
-    On the wire one JSON object on one line, ``{"rank": 0, "value": ...}``; the value
-    is any JSON value (None is null), never JSON encoded again inside it.
-    """
+    malformed_error: ClassVar[type[Exception]] = MalformedMessageError
+
+    def to_wire(self) -> dict[str, Any]:
+        return {f.name: _to_json(getattr(self, f.name)) for f in _fields(type(self))}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Any:
+        """The message ``value`` (a decoded JSON object) holds."""
+        fields = _fields(cls)
+        if not isinstance(value, dict) or set(value) != {f.name for f in fields}:
+            raise cls.malformed_error(f"not a {cls.__name__}: {str(value)[:200]!r}")
+        hints = typing.get_type_hints(cls)
+        try:
+            return cls(
+                **{
+                    f.name: _from_json(hints[f.name], value[f.name], f.name)
+                    for f in fields
+                }
+            )
+        except _WrongField as e:
+            raise cls.malformed_error(f"{cls.__name__}: {e}") from None
+
+    def encode(self) -> str:
+        return json.dumps(self.to_wire(), sort_keys=True)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Any:
+        try:
+            value = json.loads(raw)
+        except ValueError as e:
+            raise cls.malformed_error(
+                f"a {cls.__name__} is not JSON: {raw[:200]!r}"
+            ) from e
+        return cls.from_wire(value)
+
+
+class _WrongField(ValueError):
+    pass
+
+
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(cls)  # type: ignore[arg-type]
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, WireMessage):
+        return value.to_wire()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value
+
+
+def _from_json(hint: Any, value: Any, name: str) -> Any:
+    """``value`` read as ``hint`` says; _WrongField naming field ``name``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _from_json(inner, value, name)
+    if origin is tuple and isinstance(value, list):
+        return tuple(_from_json(args[0], v, name) for v in value)
+    if origin is dict and isinstance(value, dict):
+        return {k: _from_json(args[1], v, name) for k, v in value.items()}
+    if isinstance(hint, type) and issubclass(hint, WireMessage):
+        return hint.from_wire(value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            pass
+    elif hint is float and type(value) in (int, float):
+        return float(value)
+    elif isinstance(hint, type) and type(value) is hint:
+        return value
+    raise _WrongField(f"{name} is not a {hint}: {str(value)[:200]!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Message(WireMessage):
+    """One rank's message in a session: its join, or its vote on a topic; the value is
+    any JSON value (None is null). On the wire one object on one line."""
 
     rank: int
     value: Any
 
-    def to_wire(self) -> str:
-        return json.dumps({"rank": self.rank, "value": self.value}, sort_keys=True)
-
-    @staticmethod
-    def from_wire(line: str) -> Message:
-        """The message ``line`` holds; MalformedMessageError if it holds none."""
-        try:
-            d = json.loads(line)
-        except ValueError as e:
-            raise MalformedMessageError(f"not JSON: {line[:200]!r}") from e
-        if not isinstance(d, dict) or set(d) != {"rank", "value"}:
-            raise MalformedMessageError(f"not a rank's message: {line[:200]!r}")
-        if type(d["rank"]) is not int or d["rank"] < 0:
-            raise MalformedMessageError(f"no group rank: {line[:200]!r}")
-        return Message(d["rank"], d["value"])
+    @classmethod
+    def from_wire(cls, value: Any) -> Message:
+        message = super().from_wire(value)
+        if message.rank < 0:
+            raise MalformedMessageError(f"no group rank: {str(value)[:200]!r}")
+        return message
 
     @staticmethod
     def read_all(raw: str) -> dict[int, Any]:
         """The value of each rank's message in ``raw`` (appended lines), by rank."""
-        return {m.rank: m.value for m in map(Message.from_wire, raw.splitlines())}
+        return {m.rank: m.value for m in map(Message.decode, raw.splitlines())}
 
 
 def _decode_value(raw: bytes | str) -> Any:
@@ -882,7 +964,7 @@ class StoreSession:
             self.participant.joined.add(self._prefix)
             self.took_part = True
             client.append(
-                self._prefix + "joins", Message(self.rank, join).to_wire() + "\n"
+                self._prefix + "joins", Message(self.rank, join).encode() + "\n"
             )
             if client.add(self._prefix + "arrived", 1) == self.world_size:
                 joins = self._joins()
@@ -944,7 +1026,7 @@ class StoreSession:
         client = self.participant.client
         base = f"{self._prefix}vote/{self._topic_prefix}{topic}/"
         with client.during(f"the vote on {topic}"):
-            client.append(base + "votes", Message(self.rank, value).to_wire() + "\n")
+            client.append(base + "votes", Message(self.rank, value).encode() + "\n")
             silence = self._silence()
             if client.add(base + "count", 1) == self.world_size:
                 client.set(base + "done", "1")

@@ -54,7 +54,7 @@ import statistics
 import time
 from datetime import timedelta
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TYPE_CHECKING
+from typing import Any, Literal, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -176,7 +176,6 @@ _SCREEN_TOLERANCE = {
     torch.float16: 1e-2,
     torch.bfloat16: 3e-2,
 }
-BENCHMARK_MODES = ("auto", "eager", "graph")
 # Longest pause between two looks at a device event: short against any collective
 # worth timing, long enough not to spin a core.
 _MAX_DEVICE_POLL_S = 2e-4
@@ -206,46 +205,29 @@ def uses_symmetric_memory(op: OpOverload | OpOverloadPacket | str) -> bool:
     return namespace == _SYMMETRIC_MEMORY_NAMESPACE
 
 
-# The switches of torch._inductor.config that BenchmarkSettings.from_config checks
-# besides the settings it holds.
-_SWITCHES = (
-    "collective_autotune",
-    "collective_autotune_persist",
-    "collective_autotune_retune",
-    "collective_autotune_range_graphs",
-)
+class TimingMode(str, enum.Enum):
+    """How a key's choices are timed: replays of a captured CUDA graph, or host-paced
+    back-to-back calls (always on the CPU)."""
+
+    GRAPH = "graph"
+    EAGER = "eager"
 
 
-def _knob(knob: str, kind: type) -> Any:
-    """Knob ``knob`` of torch._inductor.config as a ``kind`` (bool, int, float, str).
+BenchmarkMode = Literal["auto", "eager", "graph"]
+BENCHMARK_MODES: tuple[BenchmarkMode, ...] = ("auto", "eager", "graph")
 
-    A knob holds its TORCHINDUCTOR_* variable's value where the variable set it, as
-    torch.utils._config_module reads variables: "1" and "0" as True and False, any
-    other text as it is. That value is parsed here; text that does not parse raises
-    ValueError naming the variable. A value set in Python is returned as it is, for
-    BenchmarkSettings.validate to judge."""
-    import os
-
-    from torch._inductor import config
-
-    value = getattr(config, knob)
-    variable = f"TORCHINDUCTOR_{knob.upper()}"
-    text = os.environ.get(variable)
-    read = {"1": True, "0": False}.get(text, text) if text is not None else None
-    if text is None or type(value) is not type(read) or value != read:
-        return value  # not the variable's
-    if kind is str:
-        return text
-    if kind is bool:
-        if isinstance(read, bool):
-            return read
-        raise ValueError(f"{variable}={text!r} is not a valid bool (0 or 1)")
-    try:
-        return kind(text)
-    except ValueError:
-        raise ValueError(
-            f"{variable}={text!r} is not a valid {kind.__name__}"
-        ) from None
+# Each setting of BenchmarkSettings by its knob in torch._inductor.config.
+_KNOBS = {
+    "nruns": "collective_benchmark_nruns",
+    "warmup": "collective_benchmark_warmup",
+    "timeout": "collective_benchmark_timeout",
+    "sample_us": "collective_benchmark_sample_us",
+    "graph_sample_us": "collective_benchmark_graph_sample_us",
+    "mode": "collective_benchmark_mode",
+    "dynamic": "collective_autotune_dynamic",
+    "dynamic_max": "collective_autotune_dynamic_max",
+    "dynamic_ratio": "collective_autotune_dynamic_ratio",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,46 +240,26 @@ class BenchmarkSettings:
     timeout: float
     sample_us: float
     graph_sample_us: float
-    mode: str
+    mode: BenchmarkMode
     dynamic: bool
     dynamic_max: int
     dynamic_ratio: int
 
     @staticmethod
     def from_config() -> BenchmarkSettings:
-        """The knobs of torch._inductor.config, those set from a TORCHINDUCTOR_*
-        variable parsed (see _knob), validated; raises ValueError naming the knob, or
-        the variable that does not parse."""
-        for switch in _SWITCHES:  # read by the hooks; checked here, once per op tuned
-            _knob(switch, bool)
+        """The knobs of torch._inductor.config, validated; raises ValueError naming
+        every knob out of range."""
+        from torch._inductor import config
+
         settings = BenchmarkSettings(
-            nruns=_knob("collective_benchmark_nruns", int),
-            warmup=_knob("collective_benchmark_warmup", int),
-            timeout=_knob("collective_benchmark_timeout", float),
-            sample_us=_knob("collective_benchmark_sample_us", float),
-            graph_sample_us=_knob("collective_benchmark_graph_sample_us", float),
-            mode=_knob("collective_benchmark_mode", str),
-            dynamic=_knob("collective_autotune_dynamic", bool),
-            dynamic_max=_knob("collective_autotune_dynamic_max", int),
-            dynamic_ratio=_knob("collective_autotune_dynamic_ratio", int),
+            **{field: getattr(config, knob) for field, knob in _KNOBS.items()}
         )
         settings.validate()
         return settings
 
     def knobs(self) -> dict[str, Any]:
         """Each setting by its name in torch._inductor.config."""
-        names = {
-            "nruns": "collective_benchmark_nruns",
-            "warmup": "collective_benchmark_warmup",
-            "timeout": "collective_benchmark_timeout",
-            "sample_us": "collective_benchmark_sample_us",
-            "graph_sample_us": "collective_benchmark_graph_sample_us",
-            "mode": "collective_benchmark_mode",
-            "dynamic": "collective_autotune_dynamic",
-            "dynamic_max": "collective_autotune_dynamic_max",
-            "dynamic_ratio": "collective_autotune_dynamic_ratio",
-        }
-        return {names[f.name]: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {knob: getattr(self, field) for field, knob in _KNOBS.items()}
 
     def validate(self) -> None:
         problems = []
@@ -334,13 +296,17 @@ class BenchmarkSettings:
                 "or its TORCHINDUCTOR_* variable); expected " + "; ".join(problems)
             )
 
-    def timing_mode(self, device: torch.device) -> str:
-        """ "graph" or "eager": how the op's choices are timed on ``device``."""
+    def timing_mode(self, device: torch.device) -> TimingMode:
+        """How the op's choices are timed on ``device``."""
         if device.type != "cuda":
-            return "eager"
+            return TimingMode.EAGER
         if self.mode == "auto":
-            return "graph" if _model_runs_under_cuda_graphs() else "eager"
-        return self.mode
+            return (
+                TimingMode.GRAPH
+                if _model_runs_under_cuda_graphs()
+                else TimingMode.EAGER
+            )
+        return TimingMode(self.mode)
 
 
 def _is_number(value: Any) -> bool:
@@ -473,7 +439,7 @@ class CollectiveBenchmarker:
         device: torch.device,
         settings: BenchmarkSettings,
         session: CollectiveSession,
-        mode: str | None = None,
+        mode: TimingMode | None = None,
     ) -> None:
         self.process_group = process_group
         self.settings = settings
@@ -482,7 +448,7 @@ class CollectiveBenchmarker:
         self.mode = mode or settings.timing_mode(self.device)
         self._min_rounds = (
             _MIN_EAGER_GPU_ROUNDS
-            if self.mode == "eager" and self.device.type == "cuda"
+            if self.mode is TimingMode.EAGER and self.device.type == "cuda"
             else _MIN_ROUNDS
         )
         self._flag = torch.zeros(1, device=self._comm_device())
@@ -541,7 +507,7 @@ class CollectiveBenchmarker:
                 "timed %d choices (%s) in %.1f ms: screen (every choice's first call) "
                 "%.1f, batches %.1f, %d rounds %.1f, reduce %.1f",
                 len(candidates),
-                self.mode,
+                self.mode.value,
                 1e3 * (marks[-1] - marks[0]),
                 *(1e3 * t for t in list(self.phases.values())[:2]),
                 max(len(s) for s in samples),
@@ -703,7 +669,7 @@ class CollectiveBenchmarker:
     def _fewest_calls(self, per_call_us: float) -> int:
         """The fewest calls that time a choice of ``per_call_us``: what sizes its
         samples, then the first rounds (a rendezvous call and a sample each)."""
-        if self.mode == "graph":
+        if self.mode is TimingMode.GRAPH:
             calls = _graph_calls(self.settings.graph_sample_us, per_call_us)
             return calls + self._min_rounds * 2 * calls
         calls = _calls(self.settings.sample_us, per_call_us, 1)
@@ -725,7 +691,7 @@ class CollectiveBenchmarker:
     ) -> list[_Batch | None]:
         live = [i for i, s in enumerate(status) if s.ok]
         batches: list[_Batch | None] = [None] * len(candidates)
-        if self.mode == "graph":
+        if self.mode is TimingMode.GRAPH:
             # The screen's times are the slowest rank's: every rank captures as many
             # calls.
             calls = [

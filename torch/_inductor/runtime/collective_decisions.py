@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 import torch
+from torch.distributed._store_session import WireMessage
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -42,15 +43,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Bumped whenever the meaning of a stored decision changes.
-_FORMAT = 2
+_FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class StoredDecision:
+class Environment(WireMessage):
+    """What a measurement depends on beyond the op and its shapes."""
+
+    group_size: int
+    torch: str
+    backend: str
+    device: str
+    # CUDA devices only.
+    device_model: str = ""
+    # "nvlink", "pcie", or "unknown" where NVML cannot tell.
+    interconnect: str = ""
+    # NVLink multicast (NVLS) on.
+    nvls: bool = False
+    nccl: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredDecision(WireMessage):
     """One decision as kept on disk."""
 
     key: str
-    environment: dict[str, Any]
+    environment: Environment
     winner: str
     # Slowest-rank microseconds per choice when it was measured, for the logs.
     timings_us: dict[str, float]
@@ -65,7 +83,11 @@ class StoredDecision:
         """What ranks compare: the same digest means the same decision, to be taken the
         same way (used, or timed again)."""
         return digest(
-            self.key, self.environment, self.winner, self.provisional, self.runner_up
+            self.key,
+            self.environment.to_wire(),
+            self.winner,
+            self.provisional,
+            self.runner_up,
         )
 
 
@@ -73,14 +95,14 @@ class StoredDecision:
 class InlinedDecision:
     """A decision that a compiled graph inlines, as its cache entry keeps it: the group
     and graph plan it was agreed in, the key, the winner, the op (for the records) and
-    the environment it holds in (see :func:`environment`)."""
+    the environment it holds in."""
 
     group_name: str
     plan: str
     key: str
     winner: str
     op: str
-    environment: dict[str, Any]
+    environment: Environment
     # The code identity of each implementation the key covers, by qualified name
     # (kernel/collective/choices.py): a graph inlining code since changed is a miss.
     code: dict[str, str]
@@ -97,43 +119,34 @@ class InlinedDecision:
     winners: tuple[tuple[float, str], ...] = ()
 
 
-def environment(group: ProcessGroup, device: torch.device) -> dict[str, Any]:
-    """What a measurement depends on beyond the op and its shapes."""
-    env: dict[str, Any] = {**_group_environment(group), "device": device.type}
-    if device.type == "cuda":
-        env.update(_cuda_environment(device.index or 0))
-    return env
+def environment(group: ProcessGroup, device: torch.device) -> Environment:
+    """The environment of a measurement on ``device`` in ``group``."""
+    import torch.distributed as dist
+
+    common = Environment(
+        group.size(), torch.__version__, str(dist.get_backend(group)), device.type
+    )
+    if device.type != "cuda":
+        return common
+    return dataclasses.replace(common, **_cuda_environment(device.index or 0))
 
 
 def current_environment(
-    group: ProcessGroup, made_in: dict[str, Any]
-) -> dict[str, Any] | None:
-    """The environment of ``group`` today on the kind of device of ``made_in`` (an
-    environment recorded with a decision), or None where there is no such device."""
-    device_type = made_in.get("device")
-    if device_type is None:
+    group: ProcessGroup, made_in: Environment
+) -> Environment | None:
+    """The environment of ``group`` today on the kind of device of ``made_in``, or None
+    where there is no such device."""
+    if made_in.device != "cuda":
+        return environment(group, torch.device(made_in.device))
+    if not torch.cuda.is_available():
         return None
-    if device_type == "cuda":
-        if not torch.cuda.is_available():
-            return None
-        return environment(group, torch.device("cuda", torch.cuda.current_device()))
-    return environment(group, torch.device(str(device_type)))
+    return environment(group, torch.device("cuda", torch.cuda.current_device()))
 
 
 def group_scope(group: ProcessGroup) -> str:
     """A digest of what every decision of ``group`` depends on, whatever its devices:
     the decisions a group keeps in the Store for the job are kept under it."""
-    return digest(_group_environment(group))
-
-
-def _group_environment(group: ProcessGroup) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    return {
-        "group_size": group.size(),
-        "torch": torch.__version__,
-        "backend": str(dist.get_backend(group)),
-    }
+    return digest(environment(group, torch.device("meta")).to_wire())
 
 
 @functools.lru_cache(None)  # for the process: its devices and libraries stay
@@ -181,40 +194,32 @@ class DecisionStore:
             root = Path(cache_dir()) / "collective_autotuning" / "decisions"
         self.root = root
 
-    def load(self, key: str, env: dict[str, Any]) -> StoredDecision | None:
+    def load(self, key: str, env: Environment) -> StoredDecision | None:
         """The decision stored for ``key`` in ``env``, or None (a miss, never an
         error)."""
         path = self._path(key, env)
         try:
             data = json.loads(path.read_text())
-            if (
-                data.get("format") != _FORMAT
-                or data["key"] != key
-                or data["environment"] != env
-            ):
-                log.debug("ignoring %s: written for another key or environment", path)
+            if not isinstance(data, dict) or data.pop("format", None) != _FORMAT:
+                log.debug("ignoring %s: written by another version", path)
                 return None
-            return StoredDecision(
-                key,
-                env,
-                str(data["winner"]),
-                dict(data["timings_us"]),
-                bool(data.get("provisional", False)),
-                str(data.get("runner_up", "")),
-                str(data.get("confidence", "")),
-            )
+            decision = StoredDecision.from_wire(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError) as e:  # MalformedMessageError is a ValueError
             log.debug("ignoring unreadable decision %s (%s)", path, e)
             return None
+        if decision.key != key or decision.environment != env:
+            log.debug("ignoring %s: written for another key or environment", path)
+            return None
+        return decision
 
     def save(self, decision: StoredDecision) -> None:
         """Write ``decision`` atomically; a failure to write is logged, not raised."""
         from torch._inductor.codecache import write_atomic
 
         path = self._path(decision.key, decision.environment)
-        payload = {"format": _FORMAT, **dataclasses.asdict(decision)}
+        payload = {"format": _FORMAT, **decision.to_wire()}
         try:
             write_atomic(str(path), json.dumps(payload, sort_keys=True), make_dirs=True)
         except OSError as e:
@@ -222,8 +227,8 @@ class DecisionStore:
                 "could not store the collective autotuning decision %s: %s", path, e
             )
 
-    def _path(self, key: str, env: dict[str, Any]) -> Path:
-        return self.root / f"{digest(key, env)}.json"
+    def _path(self, key: str, env: Environment) -> Path:
+        return self.root / f"{digest(key, env.to_wire())}.json"
 
 
 def digest(*parts: Any) -> str:

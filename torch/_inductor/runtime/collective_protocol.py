@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +51,7 @@ from torch.distributed._store_session import (
     StoreSession,
     StoreSessionError,
     Vocabulary,
+    WireMessage,
 )
 
 
@@ -68,6 +68,12 @@ class CollectiveAutotuneError(StoreSessionError):
 
 class StoreLostError(CollectiveAutotuneError, _store_session.StoreLostError):
     """The c10d Store stopped answering: no rank can agree with its peers any more."""
+
+
+class MalformedMessageError(
+    CollectiveAutotuneError, _store_session.MalformedMessageError
+):
+    """A message of the group's is not one this code writes."""
 
 
 VOCABULARY = Vocabulary(
@@ -93,43 +99,24 @@ class DecisionKind(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Decision:
+class Decision(WireMessage):
     """A session's decision, identical on every rank."""
+
+    malformed_error = MalformedMessageError
 
     kind: DecisionKind
     reason: str
 
-    def to_wire(self) -> dict[str, str]:
-        """The decision as the session stores it: one JSON object."""
-        return {"kind": self.kind.value, "reason": self.reason}
 
-    @staticmethod
-    def from_wire(value: Any) -> Decision:
-        """The decision ``value`` holds; CollectiveAutotuneError if it holds none."""
-        kinds = {k.value for k in DecisionKind}
-        if (
-            not isinstance(value, dict)
-            or set(value) != {"kind", "reason"}
-            or value["kind"] not in kinds
-            or not isinstance(value["reason"], str)
-        ):
-            raise CollectiveAutotuneError(
-                f"a session's decision is not one: {str(value)[:200]!r}"
-            )
-        return Decision(DecisionKind(value["kind"]), value["reason"])
+@dataclasses.dataclass(frozen=True)
+class Join(WireMessage):
+    """What a rank brings to a session: the digest of the compiled graph it loaded from
+    its cache ("": it loaded none) and its collective autotuning settings."""
 
-    def encode(self) -> str:
-        return json.dumps(self.to_wire())
+    malformed_error = MalformedMessageError
 
-    @staticmethod
-    def decode(raw: bytes | str) -> Decision:
-        try:
-            value = json.loads(raw)
-        except ValueError as e:
-            raise CollectiveAutotuneError(
-                f"a session's decision is not JSON: {raw[:200]!r}"
-            ) from e
-        return Decision.from_wire(value)
+    loaded: str
+    settings: dict[str, Any]
 
 
 class StoreClient(_store_session.StoreClient):
@@ -147,8 +134,8 @@ class CollectiveSession(StoreSession):
 
     def agree(  # type: ignore[override]
         self,
-        join: dict[str, Any],
-        decide: Callable[[list[dict[str, Any]]], Decision],
+        join: Join,
+        decide: Callable[[list[Join]], Decision],
         fallback: Callable[[str], Decision],
     ) -> Decision:
         """Post ``join`` and return the session's decision (StoreSession.agree).
@@ -158,14 +145,21 @@ class CollectiveSession(StoreSession):
         """
         decision = Decision.from_wire(
             super().agree(
-                join,
-                lambda joins: decide(joins).to_wire(),
+                join.to_wire(),
+                lambda joins: decide(list(map(Join.from_wire, joins))).to_wire(),
                 lambda why: fallback(why).to_wire(),
             )
         )
         # A fallback or a load needs no votes; a compile was decided with this rank in.
         self.votes = self.took_part and decision.kind == DecisionKind.COMPILE
         return decision
+
+
+def process_group_initialized() -> bool:
+    """Whether torch.distributed is built in and its default process group is up."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def attempt_namespace() -> str:

@@ -56,6 +56,7 @@ from torch._inductor.kernel.collective.records import (
     SizePathRecord,
 )
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
+from torch._inductor.runtime.collective_protocol import process_group_initialized
 from torch._logging import trace_structured
 from torch.distributed._store_session import describe
 
@@ -104,7 +105,6 @@ def dynamic_ladder(
 ) -> Ladder | None:
     """A ladder for this call of ``op`` if it is a collective op whose first input has
     a dynamic dimension; None where the op is tuned at one size."""
-    import torch.distributed as dist
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
@@ -113,8 +113,7 @@ def dynamic_ladder(
         and config.collective_autotune_dynamic
         and tensor_inputs
         and names_a_collective(op)
-        and dist.is_available()
-        and dist.is_initialized()
+        and process_group_initialized()
     ):
         return None
     size = tensor_inputs[0].get_size()

@@ -17,7 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
-from torch._inductor.runtime.collective_protocol import participant
+from torch._inductor.runtime.collective_protocol import (
+    participant,
+    process_group_initialized,
+)
 
 # The heartbeats of the compiles in progress (None where collective tuning is off):
 # pushed as a compile starts and popped as it ends, so empty between compiles. Not
@@ -48,11 +51,10 @@ def install(compiling: bool) -> None:
 
 
 def _start(args: Any = None) -> None:
-    import torch.distributed as dist
     from torch._inductor import config
 
     beat = None
-    if config.collective_autotune and dist.is_available() and dist.is_initialized():
+    if config.collective_autotune and process_group_initialized():
         # Validated first: a bad knob fails here, naming itself.
         member = participant(BenchmarkSettings.from_config().timeout)
         # (older Dynamo calls its callbacks without arguments)

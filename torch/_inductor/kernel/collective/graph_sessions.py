@@ -27,7 +27,6 @@ rank with warm caches never skips a session its cold peers wait in.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import weakref
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from torch._inductor.kernel.collective.records import (
 )
 from torch._inductor.runtime.collective_decisions import (
     current_environment,
+    Environment,
     digest,
     group_scope,
     InlinedDecision,
@@ -61,9 +61,12 @@ from torch._inductor.runtime.collective_protocol import (
     CollectiveSession,
     Decision,
     DecisionKind,
+    Join,
+    MalformedMessageError,
     participant,
+    process_group_initialized,
 )
-from torch.distributed._store_session import GroupDecisions
+from torch.distributed._store_session import GroupDecisions, WireMessage
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -134,49 +137,18 @@ def _group_name(value: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class GroupChoice:
+class GroupChoice(WireMessage):
     """The group's decision for a key, as the Store keeps it for the attempt."""
+
+    malformed_error = MalformedMessageError
 
     winner: str
     # Taken without the group's agreement on merit (a rank was absent or late, ranks
     # tuned different things), or timed without confidence: holds for this attempt only.
     provisional: bool = False
     # Provisional for want of confidence only: still a measurement, which a ladder's
-    # neighbouring ranges may interpolate between (a fallback is none).
+    # neighbouring ranges may take as their incumbent (a fallback is none).
     unsure: bool = dataclasses.field(default=False, compare=False)
-
-    def to_wire(self) -> list[Any]:
-        """The decision as a JSON list: ``[winner, provisional, unsure]``."""
-        return [self.winner, self.provisional, self.unsure]
-
-    @staticmethod
-    def from_wire(value: Any) -> GroupChoice:
-        """The decision ``value`` holds; CollectiveAutotuneError where it holds none."""
-        if not (
-            isinstance(value, list)
-            and len(value) in (2, 3)
-            and isinstance(value[0], str)
-            and all(isinstance(flag, bool) for flag in value[1:])
-        ):
-            raise _malformed("a group's decision", value)
-        return GroupChoice(value[0], value[1], len(value) == 3 and value[2])
-
-    def encode(self) -> str:
-        """The decision as the Store keeps it (PUBLISH)."""
-        return json.dumps(self.to_wire())
-
-    @staticmethod
-    def decode(raw: str) -> GroupChoice:
-        try:
-            value = json.loads(raw)
-        except ValueError as e:
-            raise _malformed("a group's decision", raw) from e
-        return GroupChoice.from_wire(value)
-
-
-def _malformed(what: str, value: Any) -> CollectiveAutotuneError:
-    """The error for a message of the group's that is not what this code writes."""
-    return CollectiveAutotuneError(f"{what} is malformed: {str(value)[:200]!r}")
 
 
 def decided(decisions: GroupDecisions, key: str) -> GroupChoice | None:
@@ -295,7 +267,7 @@ def _join(
         settings.timeout,
     )
     decision = session.agree(
-        {"loaded": loaded, "settings": settings.knobs()},
+        Join(loaded, settings.knobs()),
         decide=_decide_graph,
         fallback=lambda why: Decision(DecisionKind.FALLBACK, why),
     )
@@ -325,13 +297,13 @@ def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
     )
 
 
-def _decide_graph(joins: list[dict[str, Any]]) -> Decision:
+def _decide_graph(joins: list[Join]) -> Decision:
     """Stop if the ranks' settings differ; load the cached graph only if every rank
     loaded the identical one; otherwise every rank compiles it."""
-    mismatch = _differing_settings([j["settings"] for j in joins])
+    mismatch = _differing_settings([j.settings for j in joins])
     if mismatch:
         return Decision(DecisionKind.MISMATCH, mismatch)
-    loaded = [j["loaded"] for j in joins]
+    loaded = [j.loaded for j in joins]
     if loaded[0] and all(x == loaded[0] for x in loaded):
         return Decision(
             DecisionKind.LOAD,
@@ -388,8 +360,10 @@ def _resolve(group_name: str) -> ProcessGroup | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SiteReport:
+class SiteReport(WireMessage):
     """What one rank knows of a key before anything is built: its vote on the key."""
+
+    malformed_error = MalformedMessageError
 
     key: str
     choices: tuple[str, ...]
@@ -407,62 +381,10 @@ class SiteReport:
     # against.
     stored_runner_up: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        """The report as its vote carries it: one JSON object, None as null."""
-        return {
-            "key": self.key,
-            "choices": list(self.choices),
-            "decided": None if self.decided is None else self.decided.to_wire(),
-            "stored": self.stored,
-            "stored_winner": self.stored_winner,
-            "failed": dict(self.failed),
-            "built": self.built,
-            "stored_runner_up": self.stored_runner_up,
-        }
-
-    @staticmethod
-    def from_wire(value: Any) -> SiteReport:
-        """The report ``value`` holds; CollectiveAutotuneError where it is malformed."""
-        if not isinstance(value, dict):
-            raise _malformed("a site report", value)
-        wrong = sorted(set(value) ^ set(_REPORT_FIELDS)) or [
-            name for name, valid in _REPORT_FIELDS.items() if not valid(value[name])
-        ]
-        if wrong:
-            raise _malformed(f"a site report (fields {wrong})", value)
-        decided = value["decided"]
-        return SiteReport(
-            value["key"],
-            tuple(value["choices"]),
-            None if decided is None else GroupChoice.from_wire(decided),
-            value["stored"],
-            value["stored_winner"],
-            value["failed"],
-            value["built"],
-            value["stored_runner_up"],
-        )
-
-
-def _optional_str(value: Any) -> bool:
-    return value is None or isinstance(value, str)
-
 
 def _reasons(value: Any) -> bool:
     """Whether ``value`` maps choices to why they failed."""
     return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
-
-
-# Each field of a site report on the wire, and what its value must be.
-_REPORT_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "key": lambda v: isinstance(v, str),
-    "choices": lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
-    "decided": lambda v: v is None or isinstance(v, list),
-    "stored": _optional_str,
-    "stored_winner": _optional_str,
-    "failed": _reasons,
-    "built": lambda v: isinstance(v, bool),
-    "stored_runner_up": _optional_str,
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -801,7 +723,9 @@ def _built(
         failures = build(labels)
     votes = session.session.vote(topic, failures)
     if not all(_reasons(vote) for vote in votes):
-        raise _malformed(f"a vote on {topic}", votes)
+        raise MalformedMessageError(
+            f"a vote on {topic} is malformed: {str(votes)[:200]!r}"
+        )
     return _failures(votes)
 
 
@@ -828,7 +752,7 @@ def settle_key(
     key: str,
     choice: GroupChoice,
     op: str,
-    environment: dict[str, Any],
+    environment: Environment,
     code: dict[str, str],
 ) -> GroupChoice:
     """Publish ``choice`` as the group's decision for ``key``; the stored decision.
@@ -907,12 +831,9 @@ def _sites_of(
     """``decisions`` by the group and plan of their session, or None where this
     process may take no cached decision: collective autotuning off, no process
     group, or the retune knob set."""
-    import torch.distributed as dist
     from torch._inductor import config
 
-    if not (
-        config.collective_autotune and dist.is_available() and dist.is_initialized()
-    ):
+    if not (config.collective_autotune and process_group_initialized()):
         return None
     if config.collective_autotune_retune:
         return None

@@ -91,7 +91,10 @@ from torch._inductor.kernel.collective.records import (
 from torch._inductor.kernel.collective.timing import BenchmarkInputs
 from torch._inductor.kernel.collective.waits import Waits, wait_for_output
 from torch._inductor.runtime.collective_decisions import InlinedDecision
-from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
+from torch._inductor.runtime.collective_protocol import (
+    CollectiveAutotuneError,
+    process_group_initialized,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -361,7 +364,6 @@ def detect_collective(
     An op tuned the regular way loses the choices whose implementation raised while
     traced.
     """
-    import torch.distributed as dist
 
     # Untuned at a data-dependent size (prepare_choices): the op's own, its one choice,
     # taken without a session (select_collective_choice); a collective all the same, so
@@ -370,7 +372,7 @@ def detect_collective(
     if untuned_at_data_dependent_size(op_overload, inputs):
         check_own_implementation(op_overload, inputs, non_tensor_args)
         return True, None
-    initialised = dist.is_available() and dist.is_initialized()
+    initialised = process_group_initialized()
     collective, groups = _communication(
         choices, op_overload, non_tensor_args, initialised
     )
@@ -507,7 +509,6 @@ def lowered_once(
     the op's own call keeps them symbolic, as torch 2.13 on does. Each call site keeps
     the untuned record that :func:`select_collective_choice` keeps there on 2.13 on.
     """
-    import torch.distributed as dist
     from torch._inductor.lowering import fallback_handler
 
     active = False
@@ -525,9 +526,7 @@ def lowered_once(
         untuned = untuned_at_data_dependent_size(op, tensors)
         # Where torch.distributed is not initialised, the op is no collective to
         # detect_collective either: upstream lowers it.
-        switched_off = (
-            _switched_off(op) and dist.is_available() and dist.is_initialized()
-        )
+        switched_off = _switched_off(op) and process_group_initialized()
         if untuned or switched_off:
             out = as_itself()
             arguments = call_arguments(op, args, kwargs)

@@ -17,7 +17,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, TYPE_CHECKING, TypeVar
 
-from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
+from torch._inductor.runtime.collective_benchmarking import ChoiceTiming, TimingMode
 from torch._inductor.runtime.collective_confidence import Confidence
 from torch._inductor.runtime.collective_decisions import digest
 
@@ -55,7 +55,7 @@ def site_key(
     name: str,
     inputs: Sequence[Any],
     labels: Sequence[str],
-    mode: str,
+    mode: TimingMode,
     min_speedup_threshold: float,
     neighbours: Neighbours,
     code: Mapping[str, str],
@@ -69,7 +69,7 @@ def site_key(
         name,
         [_node_meta(n) for n in inputs],
         list(labels),
-        mode,
+        mode.value,
         min_speedup_threshold,
         str(neighbours),
         sorted(code.items()),
@@ -103,10 +103,9 @@ class CollectiveAutotuneRecord:
     # Choices are named by their implementation and parameters, e.g.
     # "chunked_all_reduce(chunks=4)"; the op's own implementation is "default".
     winner: str
-    # How choices are (or would have been) timed: "graph" (CUDA graphs) or "eager",
-    # and the pointwise neighbours each choice was timed with ("producer+consumer",
-    # "none"; collective/choice_modules.py).
-    mode: str = ""
+    # How choices are (or would have been) timed, and the pointwise neighbours each
+    # choice was timed with ("producer+consumer", "none"; collective/choice_modules.py).
+    mode: TimingMode | None = None
     timed_with: str = ""
     # A decision taken without the group's agreement on merit (a rank was absent or
     # late), or timed without confidence (see ``confidence``): it holds for this job

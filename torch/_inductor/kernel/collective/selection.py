@@ -66,6 +66,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     benchmark_device,
     BenchmarkSettings,
     ChoiceTiming,
+    TimingMode,
 )
 from torch._inductor.runtime.collective_confidence import Confidence, judge
 from torch._inductor.runtime.collective_decisions import (
@@ -73,7 +74,10 @@ from torch._inductor.runtime.collective_decisions import (
     environment,
     StoredDecision,
 )
-from torch._inductor.runtime.collective_protocol import participant
+from torch._inductor.runtime.collective_protocol import (
+    participant,
+    process_group_initialized,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -95,7 +99,7 @@ class CallSite:
     group: ProcessGroup
     settings: BenchmarkSettings
     device: torch.device
-    mode: str
+    mode: TimingMode
     labels: tuple[str, ...]
     code: dict[str, str]
     inputs: Sequence[Any]
@@ -141,8 +145,7 @@ def prepare_site(
     if not (
         names_a_collective(op)
         and config.collective_autotune
-        and dist.is_available()
-        and dist.is_initialized()
+        and process_group_initialized()
         and inputs
     ):
         return None
@@ -650,7 +653,7 @@ class _SiteWork:
         winner, picked_because = pick(
             picked, timings, site.min_speedup_threshold, site.incumbent
         )
-        confidence = judge(timings, winner, host_paced=site.mode == "eager")
+        confidence = judge(timings, winner, host_paced=site.mode is TimingMode.EAGER)
         if screened is not None:
             picked_because = (
                 f"screened against {screened.winner}, the winner at {screened.won_at}: "

@@ -45,6 +45,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     CollectiveBenchmarker,
     DROP_MARGIN,
     ScreenInputs,
+    TimingMode,
 )
 
 if TYPE_CHECKING:
@@ -71,12 +72,12 @@ class BenchmarkInputs:
 
 def timing_mode(
     settings: BenchmarkSettings, device: torch.device, cudagraphs: bool
-) -> str:
+) -> TimingMode:
     """How to time: as the model runs, or in CUDA graphs where the op was registered
     with ``benchmark_with_cudagraphs``."""
     if cudagraphs and settings.mode == "auto":
         if device.type == "cuda":
-            return "graph"
+            return TimingMode.GRAPH
         _warn_cudagraphs_on_cpu()
     return settings.timing_mode(device)
 
@@ -109,7 +110,7 @@ def build(
     choices: dict[str, ChoiceCaller],
     device: torch.device,
     neighbours: Neighbours,
-    mode: str,
+    mode: TimingMode,
 ) -> dict[str, str]:
     """Compile ``choices`` (by label) of op ``name`` for benchmarking in timing
     ``mode``, with ``neighbours`` fused in; why each one that cannot run here fails (""
@@ -141,7 +142,7 @@ def timed_as_traced(
     choices: dict[str, ChoiceCaller],
     device: torch.device,
     neighbours: Neighbours,
-    mode: str,
+    mode: TimingMode,
 ) -> set[str]:
     """The subgraph ``choices`` (by label) to time as traced, with ``neighbours``'
     stand-ins run eagerly around them (choice_modules.eager_module), rather than
@@ -168,7 +169,7 @@ def timed_as_traced(
         for label, gm in subgraphs.items()
         if costs_alike_uncompiled(gm, neighbours)
     }
-    if mode == "graph" or alike == set(subgraphs):
+    if mode is TimingMode.GRAPH or alike == set(subgraphs):
         return alike
     return set()
 
@@ -269,7 +270,7 @@ def benchmark(
     names: list[str],
     process_group: ProcessGroup,
     settings: BenchmarkSettings,
-    mode: str,
+    mode: TimingMode,
     session: CollectiveSession,
     keep_default: bool,
     neighbours: Neighbours,
@@ -303,7 +304,7 @@ def screen_stored(
     winner: str,
     process_group: ProcessGroup,
     settings: BenchmarkSettings,
-    mode: str,
+    mode: TimingMode,
     session: CollectiveSession,
     neighbours: Neighbours,
     mutable: Sequence[int] = (),
@@ -356,10 +357,6 @@ def _runner(
     return lambda: with_neighbours(*inputs)
 
 
-# A rank's vote that its inputs are in symmetric memory (else: why not).
-_SYMMETRIC_MEMORY_READY = "ok"
-
-
 def _move_to_symmetric_memory(
     inputs: list[torch.Tensor], group: ProcessGroup, session: CollectiveSession
 ) -> bool:
@@ -367,7 +364,8 @@ def _move_to_symmetric_memory(
     once)."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    outcome = _SYMMETRIC_MEMORY_READY
+    # Each rank votes why it could not (None: it could).
+    why_not: str | None = None
     moved = list(inputs)
     try:
         if hasattr(symm_mem, "enable_symm_mem_for_group"):
@@ -378,16 +376,17 @@ def _move_to_symmetric_memory(
                 symm_mem.rendezvous(buf, group.group_name)
                 moved[i] = buf.copy_(t)
     except Exception as e:  # whatever it raised: the group votes, and says why
-        outcome = f"failed: {type(e).__name__}: {e}"[:500]
-    votes = session.vote("symmetric_memory", outcome)
-    if all(r == _SYMMETRIC_MEMORY_READY for r in votes):
+        why_not = f"{type(e).__name__}: {e}"[:500]
+    votes = session.vote("symmetric_memory", why_not)
+    failed = {r: why for r, why in enumerate(votes) if why is not None}
+    if not failed:
         inputs[:] = moved
         return True
     log.warning(
         "symmetric memory is not available on group %s (%s); its choices are dropped "
         "on every rank",
         group.group_name,
-        outcome,
+        "; ".join(f"group rank {r}: {why}" for r, why in failed.items()),
     )
     return False
 
