@@ -1,69 +1,12 @@
-"""Sessions over the c10d Store: ranks of a process group agree without a collective.
+"""Sessions over the c10d Store: a process group's ranks agree without a collective.
 
-A *session* lets the ranks of one process group agree on something (whether to go
-ahead, which of several implementations to use) before any of them issues a device
-collective. It runs over the job's c10d Store because the Store's operations have
-real deadlines and leave NCCL/gloo untouched: a late, absent or failed rank can never
-leave a half-issued device collective behind. The module knows nothing of what is
-agreed: joins, decisions and votes are JSON values that its user gives meaning to.
-
-Every key lives under ``<namespace>/<group name>/``: a group's traffic could move to a
-Store of its own without other changes. The namespace is the user's, per job attempt
-(``attempt_namespace``: torchrun hands every attempt of an elastic job the same
-Store, and what one attempt agreed must not bind the next).
-
-The messages, and what each costs a rank in Store requests (``StoreClient`` counts
-them):
-
-    JOIN       append (rank, what it brings) to the session's joins; add arrived += 1
-    DECIDE     the rank whose add completes the group reads the joins and proposes a
-               decision; a rank whose deadline passes proposes a fallback; the first
-               proposal stored (compare_set) is the session's, adopted by every rank:
-               4 requests, late ranks included (their wait returns at once)
-    VOTE       append (rank, value) to the topic's votes; add count += 1; the rank
-               completing the count sets ``done``, the others wait for it; every rank
-               reads the votes once: 4 requests, whatever the group's size
-    PUBLISH    compare_set a value for a key (``GroupDecisions``): the first value
-               stored is the group's, for the rest of the attempt: 1 request
-    ABORT      a rank that finds the group untrustworthy stores its reason and adds
-               ABORTED to the group's progress counter: every wait of the group raises
-               at its next look, naming that reason
-
-A join or a vote travels as one JSON object a line, ``{"rank": r, "value": v}``
-(``Message``): the value is any JSON value, None travelling as null, and a line that
-is not such an object fails the session with a ``MalformedMessageError``.
-
-Waits are server-side (``Store.wait``), in slices of one *look interval*
-(``look_interval``: an eighth of the timeout, at least 1.5 s where the timeout allows
-it, at most 5 s); between slices a rank looks at its group's progress counter, one
-request, which also carries aborts. A waiting rank costs at most two requests per look
-interval, and a group of any size costs each of its ranks the same few requests per
-message.
-
-Deadlines bound *silence*, not work. While a process works on something its peers may
-wait for, a daemon thread adds one to the progress counter of each of its groups every
-look interval (``Liveness``); what it is doing is written when that changes, to be
-read only for an error message. A rank waiting in the Store is silent, so two ranks
-waiting for each other (in different sessions) cannot keep each other waiting. Each
-wait ends ``timeout`` seconds after the last progress of its group (``Silence``), so a
-dead or stuck rank ends every wait on it within ``timeout`` plus one look:
-
-    * JOIN/DECIDE: past the deadline the waiter proposes a fallback; a rank arriving
-      later reads the decision and follows it at once, without a wait of its own.
-    * VOTE: past the deadline the session fails with a ``StoreSessionError`` on every
-      rank that can still vote, naming the ranks that did not vote and what they were
-      last heard doing; an ABORT meanwhile ends the wait at the next look.
-    * Waiting for a published value: past the deadline the wait returns None.
-
-The client is a connection of its own (``connect``), opened off the calling thread at
-its first request, and the timeout bounds every wait on the Store in total, connecting
-included: a Store that does not answer within it, whichever of the process's threads
-asked, is lost for the whole process (``StoreLostError`` on every request, at once, and
-the Store is never tried again). c10d's own client bounds neither connecting nor a
-request to a Store that stopped answering.
-
-The user names things through a ``Vocabulary``: its error types (subclasses of this
-module's), its name for the timeout, and its own name in log lines and thread names.
+A session lets the ranks of one group agree (whether to go ahead, which implementation
+to use) before any of them issues a device collective. It runs over the job's c10d
+Store, whose operations have deadlines, so a late, absent or failed rank never leaves a
+half-issued collective behind. Joins, decisions and votes are JSON values whose meaning
+is the user's. Deadlines bound silence, not work: a wait ends ``timeout`` seconds after
+its group's last progress (``Silence``), which working ranks beat (``Liveness``) and
+waiting ranks do not. A Store that misses a deadline is lost for the whole process.
 """
 
 from __future__ import annotations
@@ -119,12 +62,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# What an abort adds to its group's progress counter: far above any count of beats, so
-# that one read tells both whether the group progressed and whether it aborted.
+# An abort's increment of the progress counter: above any beat count, so one read
+# tells both progress and abort.
 ABORTED = 1 << 40
-
-
-# -- errors ----------------------------------------------------------------------------
 
 
 class StoreSessionError(dist.DistError):
@@ -150,18 +90,12 @@ def describe(error: BaseException) -> str:
 class Vocabulary:
     """How a user of the protocol names it in errors, log lines and thread names."""
 
-    # What uses the Store: in log lines, and the phase of a request nobody named.
     user: str = "store session"
-    # The start of the client's and the heartbeat's thread names.
     threads: str = "store-session"
-    # The user's name for the timeout, in error messages.
     timeout_name: str = "timeout"
-    # What the protocol raises: the user's subclasses, so that its own handlers catch.
+    # The user's subclasses, so that the user's handlers catch what the protocol raises.
     session_error: type[StoreSessionError] = StoreSessionError
     lost_error: type[StoreLostError] = StoreLostError
-
-
-# -- time ------------------------------------------------------------------------------
 
 
 class Deadline:
@@ -179,21 +113,14 @@ class Deadline:
 
 
 def look_interval(timeout: float) -> float:
-    """How often a waiting rank looks at its group's progress, and a working one beats:
-    a small part of the timeout (a live peer is seen progressing several times within
-    it), and at least 1.5 s where the timeout allows it. A wait costs a request per
-    interval, a look between intervals and its last answer, so a waiting rank then
-    costs the Store under two requests a second, however short its wait."""
+    """How often a waiting rank looks at its group's progress and a working one beats:
+    an eighth of the timeout, at least 1.5 s where the timeout allows, at most 5 s."""
     return min(max(timeout / 8, min(1.5, timeout / 2)), 5.0)
 
 
-# -- keys ------------------------------------------------------------------------------
-
-
 def attempt_namespace(root: str) -> str:
-    """The Store namespace under ``root`` of this job attempt: torchrun's run id and
-    restart count, so that a restarted attempt, which torchrun hands the same Store,
-    starts afresh."""
+    """The Store namespace under ``root`` of this job attempt: torchrun hands a
+    restarted attempt the same Store, and what one attempt agreed must not bind it."""
     run = os.environ.get("TORCHELASTIC_RUN_ID")
     if run is None:
         return f"{root}/job"
@@ -212,15 +139,9 @@ def doing_key(namespace: str, global_rank: int) -> str:
     return f"{namespace}/doing/{global_rank}"
 
 
-# -- messages --------------------------------------------------------------------------
-
-
 class WireMessage:
-    """A frozen dataclass that travels as one JSON object: its fields by name, each
-    value checked against the field's annotation when read (str, int, float, bool, an
-    enum by its value, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``, ``Any``, or
-    another WireMessage), so that what the protocol reads is what it writes or a
-    ``MalformedMessageError`` (or the class's ``malformed_error``) naming the field."""
+    """A frozen dataclass that travels as one JSON object. Reading checks each field
+    against its annotation and raises ``malformed_error`` naming a field that fails."""
 
     malformed_error: ClassVar[type[Exception]] = MalformedMessageError
 
@@ -308,8 +229,7 @@ def _from_json(hint: Any, value: Any, name: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Message(WireMessage):
-    """One rank's message in a session: its join, or its vote on a topic; the value is
-    any JSON value (None is null). On the wire one object on one line."""
+    """One rank's join or vote, with any JSON value; one JSON object per line."""
 
     rank: int
     value: Any
@@ -335,20 +255,15 @@ def _decode_value(raw: bytes | str) -> Any:
         raise MalformedMessageError(f"not a JSON value: {raw[:200]!r}") from e
 
 
-# -- the Store client ------------------------------------------------------------------
-
-
 @dataclasses.dataclass
 class _Request:
     """One request of a StoreClient, as its thread runs it."""
 
     call: Callable[[], Any]
-    # What the requesting thread was doing, for the error if the Store is lost.
     phase: str
     # Seconds the Store may take before its answer is owed: a wait's, or none.
     owed_after: float = 0.0
     waits: bool = False
-    # Opening the connection: it has no caller of its own; any failure loses the Store.
     connects: bool = False
     started: float | None = None
     done: bool = False
@@ -373,30 +288,17 @@ def _store_method(name: str) -> Callable[..., Any]:
 
 
 class StoreClient:
-    """This process's client of the job's Store for sessions.
+    """This process's client of the job's Store for sessions; thread-safe. Counts its
+    requests (a multi-key read counts once).
 
-    Counts its requests (``requests``: a multi-key read counts once), and turns any
-    failure of the Store itself into a StoreLostError naming its address and what the
-    rank was doing. Safe to share between threads. ``vocabulary`` (a class attribute,
-    which a user's subclass sets) names its errors and threads.
-
-    c10d bounds neither connecting (a refused connection is retried for about twice
-    its timeout, plus a back-off) nor any request to a Store that stops answering
-    without closing the connection (a host stopped or cut off: the request waits for
-    its answer for ever, whatever the timeout). So the requests run on a thread of the
-    client's own, one at a time in the order they came, the connection opened (by
-    ``open_store``, with the timeout) before the first, and a caller waits at most
-    ``timeout`` seconds after the Store owed the answer of the request in progress (a
-    wait's answer is owed once its seconds passed): every caller queued behind it
-    shares that deadline, so a heartbeat and a session never each spend a timeout. A
-    Store that failed a request or missed the deadline is *lost*: every request after
-    that raises at once, naming the loss, and the Store is never tried again (a request
-    stuck in c10d stays on the client's daemon thread, which holds nothing up at exit).
+    c10d bounds neither connecting nor a request to a Store that stops answering, so
+    requests run in order on the client's own daemon thread, and a caller waits at
+    most ``timeout`` past when the answer in progress was owed. A Store that fails a
+    request or misses that deadline is lost: every later request raises at once.
     """
 
     vocabulary: ClassVar[Vocabulary] = Vocabulary()
-    # How long the client's thread waits for another request before it ends: starting
-    # a thread per request would cost more than the request.
+    # Idle seconds before the client's thread ends: cheaper than a thread per request.
     IDLE_S = 1.0
 
     def __init__(
@@ -411,7 +313,6 @@ class StoreClient:
         self.timeout = timeout
         self.requests = 0
         self.lost: _Loss | None = None
-        # Opens this client's own connection (``store`` None), given the timeout.
         self._open_store = open_store
         self._opening = False
         self._phase = threading.local()
@@ -421,7 +322,6 @@ class StoreClient:
         self._thread: threading.Thread | None = None
 
     def session_error(self, text: str) -> StoreSessionError:
-        """The user's session error saying ``text``."""
         return self.vocabulary.session_error(text)
 
     @contextlib.contextmanager
@@ -457,8 +357,7 @@ class StoreClient:
         return self.get(key) if self.check([key]) else None
 
     def wait(self, keys: list[str], seconds: float) -> bool:
-        """True once every key of ``keys`` is set; False if ``seconds`` pass first.
-        The Store answers when they are set: no polling."""
+        """True once every key of ``keys`` is set; False after ``seconds``."""
         try:
             self._request(_store_method("wait"), keys, timedelta(seconds=seconds))
             return True
@@ -597,29 +496,23 @@ class StoreClient:
 
 
 def _loses_the_store(request: _Request, error: Exception) -> bool:
-    """Whether ``request`` failing with ``error`` means the Store is lost: any failure
-    to connect, any c10d error but a wait that ran out (anything else is the
-    caller's)."""
+    """Whether ``error`` loses the Store: any failure to connect, or any c10d error but
+    a wait that ran out."""
     if request.connects:
         return True
     return isinstance(error, dist.DistError) and not (request.waits and _ran_out(error))
 
 
 def _ran_out(error: BaseException) -> bool:
-    """Whether a c10d error is a wait that ran out (a lost Store raises
-    DistNetworkError)."""
+    """Whether a c10d error is a wait that ran out, not a lost Store."""
     return isinstance(error, dist.DistStoreError) and not isinstance(
         error, dist.DistNetworkError
     )
 
 
 def connect(timeout: float, client: type[StoreClient] = StoreClient) -> StoreClient:
-    """A ``client`` of this job's default Store with ``timeout`` as its deadline.
-
-    Over TCP a connection of its own, opened on the client's thread before its first
-    request (a lost Store then ends every request within the timeout, not the job's
-    Store timeout), its keys outside the job's prefixes; any other Store is shared.
-    """
+    """A ``client`` of this job's default Store with ``timeout`` as its deadline: over
+    TCP a connection of its own, outside the job's prefixes; any other Store shared."""
     default = dist.distributed_c10d._get_default_store()
     root = default
     while isinstance(root, dist.PrefixStore):
@@ -629,8 +522,7 @@ def connect(timeout: float, client: type[StoreClient] = StoreClient) -> StoreCli
     host, port, libuv = root.host, root.port, root.libuvBackend
 
     def open_connection(seconds: float) -> Store:
-        # The Store was up when the job started: a refused connection means it is gone,
-        # which c10d would retry for twice the timeout.
+        # A refused connection means the Store is gone; c10d would keep retrying.
         socket.create_connection((host, port), timeout=seconds).close()
         return dist.TCPStore(
             host,
@@ -643,18 +535,11 @@ def connect(timeout: float, client: type[StoreClient] = StoreClient) -> StoreCli
     return client(None, f"{host}:{port}", timeout, open_connection)
 
 
-# -- liveness --------------------------------------------------------------------------
-
-
 class Liveness:
     """This process's heartbeat, so that its peers wait for it as long as it works.
 
-    While the process does something its peers may wait for, a daemon thread adds one
-    to the progress counter of each group it beats into (``groups()``) every look
-    interval, and writes what the process does to ``doing/<global rank>`` when that
-    changed (read only for error messages: it costs a request per look at most, never
-    one per step). The thread ends when the work does. While the process waits for its
-    peers it is silent: a wait is no progress.
+    While it works, a daemon thread adds one to each group's progress counter every
+    look interval and records what it does (for error messages); waiting is silent.
     """
 
     def __init__(
@@ -676,11 +561,8 @@ class Liveness:
 
     @contextlib.contextmanager
     def working(self, doing: str, beat: bool = True) -> Iterator[None]:
-        """Beat, saying ``doing``, while the block runs (nested: the innermost says).
-
-        Without ``beat`` the block only says what it does: work whose peers do it in
-        lockstep (a benchmark) bounds itself, and must not keep a wait on it alive.
-        """
+        """Beat, saying ``doing``, while the block runs. Without ``beat`` it only says:
+        lockstep work (a benchmark) bounds itself and must not keep waits alive."""
         with self._lock:
             self._doing.append((doing, beat))
             # A lost Store carries no beats, and is not tried again.
@@ -735,8 +617,7 @@ class Liveness:
 
 
 def member_groups() -> list[str]:
-    """The groups this process beats into: its process groups of more than one rank
-    (any of them may hold a session that waits for this process's work)."""
+    """The groups this process beats into: its process groups of more than one rank."""
     rank = dist.get_rank()
     return sorted(
         pg.group_name
@@ -747,35 +628,25 @@ def member_groups() -> list[str]:
 
 @dataclasses.dataclass
 class Participant:
-    """One process as the protocol sees it: its Store client, its heartbeat, its global
-    rank, and what it has done so far (sessions joined, seconds waited)."""
+    """One process as the protocol sees it, and what it has done so far."""
 
     client: StoreClient
     liveness: Liveness
     global_rank: int
     namespace: str
-    # The job's default store this participant was made for.
     store: Any = None
-    # Sessions this process joined (their Store prefixes): a second session of the same
-    # key on the same group reads their decision instead of joining again.
+    # Store prefixes of sessions joined: joining one again reads its decision.
     joined: set[str] = dataclasses.field(default_factory=set)
     # Decisions of each group read or published so far: a decision never changes.
     known: dict[str, str] = dataclasses.field(default_factory=dict)
     waited_s: float = 0.0
 
 
-# -- waiting ---------------------------------------------------------------------------
-
-
 class Silence(Deadline):
     """A deadline ``seconds`` after the last progress of the group waited for.
 
-    Progress is a change of the group's progress counter, which its working ranks beat
-    (the waiter itself is silent while it waits); so a peer that works keeps the wait
-    alive, and a dead or silent group ends it. Each look is one request, which also
-    tells whether the group aborted. Silence counts from the first look: before it the
-    waiter knows no value to compare, and a peer beating once a look interval must
-    get two looks to show its progress however the two clocks fall.
+    Each look is one request, which also tells whether the group aborted. Silence
+    counts from the first look, so a peer beating once a look interval gets two looks.
     """
 
     def __init__(
@@ -832,8 +703,7 @@ class Silence(Deadline):
 
 def wait_until(participant: Participant, keys: list[str], silence: Silence) -> bool:
     """True once every key of ``keys`` is set; False once the group was silent past
-    ``silence``. Raises the session error where the group aborted meanwhile. This
-    rank is silent meanwhile: waiting is no progress."""
+    ``silence``. Raises the session error where the group aborted meanwhile."""
     began = time.monotonic()
     client = participant.client
     look_s = look_interval(silence.seconds)
@@ -849,16 +719,9 @@ def wait_until(participant: Participant, keys: list[str], silence: Silence) -> b
         participant.waited_s += time.monotonic() - began
 
 
-# -- published values ------------------------------------------------------------------
-
-
 class GroupDecisions:
-    """The group's decision for each key, kept in the Store for the attempt.
-
-    Kept under the group's ``scope`` (the user's digest of what the decisions hold
-    for), so that no group for which they do not hold ever reads them. A decision is
-    a string, the first one published for its key.
-    """
+    """The group's decision (a string, the first published) for each key, kept in the
+    Store for the attempt under ``scope``, the user's digest of what they hold for."""
 
     def __init__(
         self,
@@ -890,8 +753,7 @@ class GroupDecisions:
         return known
 
     def publish(self, key: str, value: str) -> str:
-        """Propose ``value`` for ``key``; the value stored first, which every rank
-        uses."""
+        """Propose ``value`` for ``key``; return the value stored first."""
         full = self._prefix + key
         client = self._participant.client
         with client.during(f"publishing the decision for {key}"):
@@ -907,9 +769,6 @@ class GroupDecisions:
             if wait_until(self._participant, [self._prefix + key], silence):
                 return self.get(key)
         return None
-
-
-# -- one session -----------------------------------------------------------------------
 
 
 class StoreSession:
@@ -934,11 +793,8 @@ class StoreSession:
         self.group_name = group_name
         self._prefix = f"{participant.namespace}/{group_name}/session/{session_key}/"
         self._topic_prefix = ""
-        # Whether this rank took part in the decision (it joined before the decision
-        # was taken, or completed it), rather than reading one taken before.
+        # False where this rank only read a decision taken before it joined.
         self.took_part = False
-
-    # -- JOIN / DECIDE ---------------------------------------------------------------
 
     def agree(
         self,
@@ -948,17 +804,12 @@ class StoreSession:
     ) -> Any:
         """Post ``join`` (a JSON value) and return the session's decision.
 
-        ``decide`` maps every rank's join (in group rank order) to a decision (a JSON
-        value); it runs on the rank whose arrival completes the group. ``fallback``
-        turns the reason why the group did not assemble into a decision; it runs on a
-        rank whose deadline passed. Waits until the ranks not yet here were silent for
-        ``timeout`` seconds. A rank that joined this session before reads its decision
-        and does not take part.
+        ``decide`` maps the joins, in group rank order, to a decision on the rank that
+        completes the group; ``fallback`` maps why the group did not assemble within
+        ``timeout`` of silence to a decision. The first decision stored wins.
         """
         client = self.participant.client
         with client.during(f"joining session {self.key}"):
-            # By the session's Store prefix: the same key on another group is another
-            # session.
             if self._prefix in self.participant.joined:
                 return self._decided_before()
             self.participant.joined.add(self._prefix)
@@ -1006,23 +857,15 @@ class StoreSession:
         return self._read(raw, "the joins")
 
     def _settle(self, proposal: Any) -> Any:
-        # compare_set is the session's single linearization point: the first
-        # proposal is stored, later ones get the stored value back.
+        # compare_set is the session's linearization point: the first proposal wins.
         stored = self.participant.client.compare_set(
             self._prefix + "decision", "", json.dumps(proposal, sort_keys=True)
         )
         return _decode_value(stored)
 
-    # -- VOTE ------------------------------------------------------------------------
-
     def vote(self, topic: str, value: Any) -> list[Any]:
-        """Post this rank's ``value`` (a JSON value) for ``topic``; return every rank's
-        value, by group rank.
-
-        Waits until the ranks that did not vote were silent for ``timeout`` seconds
-        (a rank that works beats); then raises the session error naming them, where
-        they were last heard of, and what the others reported.
-        """
+        """Post this rank's ``value`` for ``topic``; return every rank's, by group rank.
+        Raises the session error naming the ranks silent for ``timeout`` seconds."""
         client = self.participant.client
         base = f"{self._prefix}vote/{self._topic_prefix}{topic}/"
         with client.during(f"the vote on {topic}"):
@@ -1066,8 +909,6 @@ class StoreSession:
         view = copy.copy(self)
         view._topic_prefix = f"{self._topic_prefix}{prefix}/"
         return view
-
-    # -- ABORT -----------------------------------------------------------------------
 
     def abort(self, reason: str) -> None:
         """Tell every rank of the group to stop; the first reason posted is kept."""

@@ -1,45 +1,16 @@
 """Timing collective custom-op choices in lockstep on every rank of a process group.
 
-A collective step is as slow as its slowest participant, and collectives of 5-50 us
-are easily swamped by how far apart the ranks start and by launch gaps. So every
-timed batch here is preceded by an untimed *rendezvous* of the same choice, which
-waits for the last rank: the timed calls then start together, and how late each rank
-arrived (the rendezvous' spread across the group, reported as ``skew_us``) stays
-outside the measurement. What a batch holds depends on how the model runs:
+A collective is as slow as its slowest rank, so every timed batch follows an untimed
+*rendezvous* call of the same choice that absorbs how far apart the ranks arrived
+(``skew_us``). Graph mode replays each choice's captured CUDA graph behind a GPU sleep;
+eager mode times host-paced calls after a barrier. Rounds interleave the choices, and
+MAX all-reduces of their quartiles keep pruning and the winner identical on every rank.
 
-* graph mode (the model runs under CUDA graphs): one captured CUDA graph of the
-  choice's calls, sized from the GPU time of its first call. A round enqueues, behind a
-  short GPU sleep that lets the host get ahead, ``replay; start; replay; end`` for every
-  live choice: the GPU runs them back to back as it runs the model's graph, the first
-  replay being the rendezvous.
-* eager mode: after a barrier on the group and a device sync, a rendezvous call and
-  then back-to-back eager calls, host-paced as the eager model is.
-* CPU (gloo): a barrier (which blocks the host) and back-to-back calls on a monotonic
-  clock.
-
-Rounds interleave the choices. After a few rounds, one MAX all-reduce of every choice's
-quartiles makes the ranks' views identical; a choice whose lower quartile on its
-slowest rank is above the leader's upper quartile is dropped, and sampling stops once
-the leader is alone, or the rest are within a hair of it, or the round budget is
-spent. Per-rank medians are finally reduced with MAX, so every rank holds the same
-numbers and so the same winner.
-
-Device work happens only after the group agreed to benchmark (collective_protocol), and
-is bounded: every device wait by ``collective_benchmark_timeout``, and every choice's
-calls by a budget of that many seconds, planned from its first call's time on its
-slowest rank (a choice that cannot be timed within it is dropped on every rank).
-
-Every choice's first call is screened: its output against the reference's, and the
-inputs it was given against their copies (a choice that writes into an input the op
-does not declare it mutates is rejected). Where every call returned, one all-reduce
-gives every rank the whole group's verdicts, and every rank reads the same words from
-them. A choice that raised goes to the Store instead (the group's collectives may be
-unusable on that rank): where every rank raised, the group drops it; where only some
-did, their peers are stuck in the choice's collective or in the next barrier, time out
-there, and stop the group (ABORT) naming what was reported. A rank that finds one of
-the benchmark's own collectives failing (a barrier, a reduction) aborts the group: the
-group's collectives cannot be trusted any more. Failures are told apart by where they
-happen, never by their message.
+Device work starts only after the group agreed to benchmark (collective_protocol) and
+is bounded by ``collective_benchmark_timeout``. Each choice's first call is screened
+against the reference's output and for writes into its inputs. A rank whose benchmark
+collectives fail aborts the group; failures are told apart by where they happen, never
+by their message.
 """
 
 from __future__ import annotations
@@ -76,12 +47,9 @@ def _packets(namespace: str, names: str) -> frozenset[str]:
     return frozenset(f"{namespace}::{name}" for name in names.split())
 
 
-# The ops that communicate, by the qualified name of their OpOverloadPacket
-# ("namespace::name"): c10d's functional collectives and their autograd variants, its
-# legacy in-place collectives, DTensor's and symmetric memory's (those of torch 2.11 to
-# 2.14). Exact names: an op whose name merely contains a collective's
-# (``aten::broadcast_to``, a user's ``mylib::broadcast_weights``) is none; a user's op
-# communicates when its implementations call these (kernel/collective/detection.py).
+# The ops that communicate, by OpOverloadPacket name (torch 2.11 to 2.14). Exact names
+# (``aten::broadcast_to`` is none); a user's op communicates when its implementations
+# call these (kernel/collective/detection.py).
 COLLECTIVE_OPS: frozenset[str] = (
     _packets(
         "_c10d_functional",
@@ -124,60 +92,35 @@ COLLECTIVE_OPS: frozenset[str] = (
         two_shot_all_reduce_ two_shot_all_reduce_out""",
     )
 )
-# The namespace of the symmetric-memory ops, whose inputs live in symmetric memory.
 _SYMMETRIC_MEMORY_NAMESPACE = "symm_mem"
 # Bounds on calls per eager sample and per captured batch, whatever the estimates say.
 _MAX_CALLS_PER_SAMPLE = 1024
-# Fewest calls per captured batch: a replay's launch costs a few microseconds, which a
-# batch of many calls makes a small part of each call. A batch is sized from the choice's
-# first (eager) call, whose time at small sizes is mostly the host's launches (60-150 us
-# for a 10 us collective on 2 H200s): this floor, not the sample's length, is what holds
-# those batches to at least 8 calls (with a floor of 2, one-shot's reading at 1-16 tokens
-# rose by 1.9 us and the op's own won 5-16 tokens, 11% slower in the model).
+# Fewest calls per captured batch, so a replay's launch is a small part of each call; a
+# small op's first (eager) call is mostly host launches and would size fewer.
 _MIN_GRAPH_CALLS = 8
-# A choice whose first call lasted a sample (graph_sample_us) is captured with two calls,
-# back to back as a model's layers call the op: eight made the 16384-token range of the
-# serving model 0.14-0.20 s of a ladder's tuning on 2-4 H200s (0.6-0.9 ms per call). A
-# first call's time does not tell a long call from one that paid once (symmetric-memory
-# kernels at 1-16 tokens on 2 H200s: two-call batches read them 2 us high and moved the
-# picks): where the first replay shows a call shorter than a sample, the choice is
-# captured again with the floor's calls, as its first call would have sized it before,
-# and its first sample dropped (see _recaptured_calls).
+# Calls per batch of a choice whose first call lasted a sample; recaptured with the
+# floor if its first replay shows a shorter call (a first call may pay a one-off cost).
 _MIN_LONG_GRAPH_CALLS = 2
-# Rounds before the first comparison across ranks (quartiles need a few samples);
-# host-paced eager samples on GPUs jitter more.
+# Rounds before the first cross-rank comparison; host-paced GPU samples jitter more.
 _MIN_ROUNDS = 3
 _MIN_EAGER_GPU_ROUNDS = 5
-# A choice is clearly slower when its lower quartile is above the leader's upper
-# quartile by at least this fraction: quartiles of a few samples still move.
+# How far quartiles must part for "clearly slower": few samples' quartiles still move.
 DROP_MARGIN = 0.02
-# Choices whose medians are within the same margin of the leader's are a tie: more
-# samples would not change which is faster by a margin that matters.
+# Medians within this fraction of the leader's are a tie.
 TIE_FRACTION = DROP_MARGIN
-# GPU time (us) that the host gets to enqueue a graph round before the GPU reaches it:
-# a few launches and event records per choice.
+# GPU sleep (us) that lets the host enqueue a whole graph round ahead of the GPU.
 _HOST_LEAD_US = 400.0
-# Untimed calls of a host-paced eager sample on a GPU, about this long, between the
-# rendezvous and the timed calls: the first calls after the host waited for an idle
-# device run slower than the steady pace, on the device's side as well as the host's
-# (plain ops on two H200 hosts: the first call +11-47% host-bound, +32-82% after 2 ms
-# idle, +3-17% device-bound), which samples of a few calls at the smallest sizes turn into a per-call
-# bias and wide quartiles (the serving model's choices on one rank: 9.0% over the
-# sample's own pace, 4.6% with the lead-in; on 2 H200s the op alone read 90-185 us per
-# call at one token against a steady 61-76 us over samples five times as long; with the
-# lead-in its ladder took the faster one-shot kernel at 1-1024 tokens in 5 of 6 runs,
-# 2 of 6 without).
+# Untimed calls (about this long) before each eager GPU sample: the first calls after
+# the host waited for an idle device run slower than the steady pace.
 _EAGER_LEAD_IN_US = 1000.0
-# Relative tolerance of the correctness screen by dtype; summation order differs
-# between implementations (ring, one-shot, two-shot), and more so at low precision.
+# Screen tolerance by dtype: implementations sum in different orders.
 _SCREEN_TOLERANCE = {
     torch.float64: 1e-7,
     torch.float32: 1e-4,
     torch.float16: 1e-2,
     torch.bfloat16: 3e-2,
 }
-# Longest pause between two looks at a device event: short against any collective
-# worth timing, long enough not to spin a core.
+# Longest pause between polls of a device event: short, yet not spinning a core.
 _MAX_DEVICE_POLL_S = 2e-4
 
 
@@ -193,9 +136,8 @@ def _packet_name(op: OpOverload | OpOverloadPacket | str) -> str:
 
 
 def is_collective_op(op: OpOverload | OpOverloadPacket | str) -> bool:
-    """Whether ``op`` (an OpOverload, its packet or its name) is one of the ops that
-    communicate across ranks (:data:`COLLECTIVE_OPS`: exact names, never words in a
-    name); waiting for one (``wait_tensor``) is not."""
+    """Whether ``op`` (an OpOverload, its packet or its name) communicates across ranks;
+    ``wait_tensor`` does not."""
     return _packet_name(op) in COLLECTIVE_OPS
 
 
@@ -206,8 +148,7 @@ def uses_symmetric_memory(op: OpOverload | OpOverloadPacket | str) -> bool:
 
 
 class TimingMode(str, enum.Enum):
-    """How a key's choices are timed: replays of a captured CUDA graph, or host-paced
-    back-to-back calls (always on the CPU)."""
+    """How a key's choices are timed; always EAGER on the CPU."""
 
     GRAPH = "graph"
     EAGER = "eager"
@@ -216,7 +157,6 @@ class TimingMode(str, enum.Enum):
 BenchmarkMode = Literal["auto", "eager", "graph"]
 BENCHMARK_MODES: tuple[BenchmarkMode, ...] = ("auto", "eager", "graph")
 
-# Each setting of BenchmarkSettings by its knob in torch._inductor.config.
 _KNOBS = {
     "nruns": "collective_benchmark_nruns",
     "warmup": "collective_benchmark_warmup",
@@ -232,8 +172,8 @@ _KNOBS = {
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings:
-    """The collective autotuning knobs of torch._inductor.config, validated: every rank
-    of a group must hold the same (the groups' sessions compare them)."""
+    """The collective autotuning knobs of torch._inductor.config; every rank of a group
+    must hold the same."""
 
     nruns: int
     warmup: int
@@ -247,8 +187,7 @@ class BenchmarkSettings:
 
     @staticmethod
     def from_config() -> BenchmarkSettings:
-        """The knobs of torch._inductor.config, validated; raises ValueError naming
-        every knob out of range."""
+        """Raises ValueError naming every knob out of range."""
         from torch._inductor import config
 
         settings = BenchmarkSettings(
@@ -258,7 +197,6 @@ class BenchmarkSettings:
         return settings
 
     def knobs(self) -> dict[str, Any]:
-        """Each setting by its name in torch._inductor.config."""
         return {knob: getattr(self, field) for field, knob in _KNOBS.items()}
 
     def validate(self) -> None:
@@ -297,7 +235,6 @@ class BenchmarkSettings:
             )
 
     def timing_mode(self, device: torch.device) -> TimingMode:
-        """How the op's choices are timed on ``device``."""
         if device.type != "cuda":
             return TimingMode.EAGER
         if self.mode == "auto":
@@ -326,10 +263,8 @@ class Candidate:
 
 
 class ChoiceStatus(str, enum.Enum):
-    """Whether a choice is timed, or why the group dropped it: the same on every
-    rank."""
+    """Whether a choice is timed, or why the group dropped it."""
 
-    # It passed its screen.
     OK = "ok"
     # Its output, or what it wrote, differs from the reference's on some rank.
     REJECTED = "rejected"
@@ -340,8 +275,7 @@ class ChoiceStatus(str, enum.Enum):
 
 
 class ScreenOutcome(NamedTuple):
-    """A choice's status after its screen, and why it is dropped ("" where it is not),
-    in the same words on every rank."""
+    """A choice's status after its screen, and why it is dropped, as on every rank."""
 
     status: ChoiceStatus
     reason: str = ""
@@ -351,7 +285,6 @@ class ScreenOutcome(NamedTuple):
         return self.status is ChoiceStatus.OK
 
 
-# A screen's outcome for a choice that passed it.
 PASSED = ScreenOutcome(ChoiceStatus.OK)
 
 
@@ -360,38 +293,31 @@ class ChoiceTiming:
     """A choice's result, identical on every rank of the group."""
 
     name: str
-    # Per-call time of the slowest and of the fastest rank, in microseconds
-    # (each rank's median over samples); inf when the choice was dropped.
+    # Per-call us (each rank's median) on the slowest/fastest rank; inf if dropped.
     max_us: float
     min_us: float
     calls_per_sample: int
-    # Timed (OK), or dropped on every rank: see ``reason``.
     status: ChoiceStatus
-    # Timed samples (fewer than the budget once a choice was clearly slower).
+    # Fewer than the budget once the choice was clearly slower.
     samples: int = 0
-    # How far apart the ranks reached this choice's rendezvous call (median, us).
+    # How far apart the ranks reached the rendezvous call (median, us).
     skew_us: float = 0.0
-    # Lower and upper quartile of the samples on the slowest rank (each rank's, MAX
-    # over ranks, as the benchmark prunes by); the median where none were given.
+    # Quartiles on the slowest rank (MAX over ranks); the median where none are given.
     low_us: float = math.nan
     high_us: float = math.nan
-    # Why the choice was dropped on every rank, the same words on every rank; "" for OK.
     reason: str = ""
-    # Seconds per second the timing thread waited for a CPU while this choice's
-    # host-paced samples were taken, on the most contended rank (HostContention; 0 for
-    # CUDA-graph replays, which the host does not pace).
+    # HostContention of the most contended rank; 0 for CUDA-graph replays.
     contention: float = 0.0
 
     def __post_init__(self) -> None:
-        # (A status given by its value, "ok" say, becomes the enum member.)
+        # A status given by its value ("ok") becomes the enum member.
         object.__setattr__(self, "status", ChoiceStatus(self.status))
         for name in ("low_us", "high_us"):
             if math.isnan(getattr(self, name)):
                 object.__setattr__(self, name, self.max_us)
 
     def clearly_faster_than(self, other: ChoiceTiming) -> bool:
-        """Whether this choice beat ``other`` by more than the samples' spread: the
-        benchmark's own test for dropping ``other`` (see :func:`clearly_slower`)."""
+        """Whether this choice beat ``other`` by more than the samples' spread."""
         return clearly_slower(other.low_us, self.high_us)
 
 
@@ -405,32 +331,28 @@ class Verdict(enum.IntEnum):
     WRONG_KIND = 2
     # It wrote into an input the op does not declare it mutates (the value: which).
     WROTE_INPUT = 3
-    # It raised on every rank (the group agreed so in the Store).
+    # It raised on every rank (agreed in the Store).
     RAISED = 4
 
 
 @dataclasses.dataclass
 class _Batch:
-    """How one choice is timed: ``calls`` calls per sample, by ``run`` (or replays),
-    after ``lead_in`` untimed ones (eager samples)."""
+    """How one choice is timed: ``calls`` calls per sample after ``lead_in`` untimed."""
 
     calls: int
     rendezvous: Callable[[], Any]
     timed: Callable[[], Any]
     graph: bool
     lead_in: int = 0
-    # A captured batch sized from a first call that lasted a sample: checked against its
-    # first replay (see _MIN_LONG_GRAPH_CALLS).
+    # Sized from a first call that lasted a sample: checked on its first replay.
     from_long_first_call: bool = False
 
 
 class CollectiveBenchmarker:
     """Times choices of one collective op on every rank of ``process_group``.
 
-    All ranks of the group must call :meth:`benchmark` (or :meth:`screen`) with the
-    same candidates in the same order, after their session decided to. ``device`` is
-    the device of the op's own tensors: it is made current while benchmarking, whatever
-    device the program left current.
+    Every rank must call :meth:`benchmark` (or :meth:`screen`) with the same
+    candidates in the same order. ``device`` (the op's tensors') is made current.
     """
 
     def __init__(
@@ -469,13 +391,10 @@ class CollectiveBenchmarker:
     ) -> list[ChoiceTiming]:
         """Screen, calibrate and time ``candidates``; identical result on every rank.
 
-        ``candidates[reference]`` (the op's default implementation) runs first and is
-        the reference of the correctness screen: every other candidate must
-        reproduce its output on the same ``inputs`` (restored before each screened
-        call) and leave them as they were, or it is dropped on every rank. Candidates in
-        ``keep`` are timed to the end even when clearly slower (a threshold compares
-        them). Sampling stops once no candidate is clearly faster than
-        ``candidates[incumbent]``, where every rank names the same one.
+        Every candidate must reproduce the output of ``candidates[reference]`` (the op's
+        own implementation) on ``inputs`` and leave them unchanged, or it is dropped.
+        Candidates in ``keep`` are timed to the end; sampling stops once none is
+        clearly faster than ``candidates[incumbent]``.
         """
         with self._running(f"benchmarking {', '.join(c.name for c in candidates)}"):
             marks = [time.perf_counter()]
@@ -518,17 +437,14 @@ class CollectiveBenchmarker:
     def screen(
         self, candidates: Sequence[Candidate], inputs: ScreenInputs, reference: int = 0
     ) -> list[ScreenOutcome]:
-        """Only the screen of :meth:`benchmark`: each candidate's outcome, identical on
-        every rank (OK, or why it is dropped)."""
+        """Only the screen of :meth:`benchmark`: each candidate's outcome."""
         with self._running(f"screening {', '.join(c.name for c in candidates)}"):
             return self._screen(candidates, inputs, reference)[0]
 
     @contextlib.contextmanager
     def _running(self, doing: str) -> Any:
-        """The context of any device work: on the op's device, the group's collectives
-        bounded by the timeout, silent (every rank of the group does this work at once,
-        and each bounds its own: a rank stuck in it must not keep its peers waiting);
-        an error of this rank releases its peers."""
+        """Device work: on the op's device, collectives bounded by the timeout, without
+        heartbeats (every rank bounds its own); an error aborts the session."""
         try:
             liveness = self.session.participant.liveness
             with (
@@ -540,8 +456,7 @@ class CollectiveBenchmarker:
         except StoreLostError:
             raise  # nobody can be told
         except Exception as e:
-            # A choice that raised while timed, or the group's collectives failed: its
-            # peers may wait on this rank in a collective or a vote; release them.
+            # Peers may be waiting on this rank in a collective or a vote.
             error = (
                 e
                 if isinstance(e, CollectiveAutotuneError)
@@ -561,13 +476,10 @@ class CollectiveBenchmarker:
         inputs: ScreenInputs,
         reference_index: int,
     ) -> tuple[list[ScreenOutcome], list[float]]:
-        """Each candidate's outcome on every rank, and its first call's time on its
-        slowest rank (us).
+        """Each candidate's outcome and first-call time on its slowest rank (us).
 
-        Every candidate runs once on restored inputs, the reference first; the others
-        must reproduce the reference's output and leave the inputs alone. One
-        all-reduce carries every rank's verdicts; a candidate that raised was voted
-        on in the Store first (see the module's docstring).
+        One all-reduce carries the verdicts; a choice that raised is voted on in the
+        Store first, since the group's collectives may be unusable on that rank.
         """
         n, world = len(candidates), self.process_group.size()
         rank = self.process_group.rank()
@@ -604,15 +516,13 @@ class CollectiveBenchmarker:
         return status, [t if s.ok else math.inf for t, s in zip(first_call_us, status)]
 
     def _raised_everywhere(self, name: str, error: Exception) -> str:
-        """Vote in the Store that choice ``name`` raised here; why it raised, once every
-        rank of the group says it raised too. Where some ranks did not raise, they stop
-        the group (their collectives time out) and this wait ends with that abort."""
+        """Vote that ``name`` raised here; why, once every rank says so. Ranks that did
+        not raise time out in a collective and abort the group, ending this wait."""
         reason = describe(error)[:300]
         self._incidents.append(
             f"choice {name} raised on group rank {self.process_group.rank()} ({reason})"
         )
         reports = self.session.vote(f"screen/raised/{name}", reason)
-        # (What the peers saw goes into the message of a later failure.)
         self._incidents[-1] = f"choice {name} raised: " + "; ".join(
             f"group rank {r}: {why}" for r, why in enumerate(reports)
         )
@@ -623,9 +533,8 @@ class CollectiveBenchmarker:
     def _gather(
         self, mine: list[list[float]], rank: int, world: int
     ) -> list[list[float]]:
-        """Every rank's rows of the screen's table, by candidate then rank, one
-        all-reduce: row ``i * world + r`` is group rank ``r``'s verdict on candidate
-        ``i``."""
+        """Every rank's screen rows by one all-reduce: row ``i * world + r`` is group
+        rank ``r``'s on candidate ``i``."""
         import torch.distributed as dist
 
         n = len(mine)
@@ -643,12 +552,8 @@ class CollectiveBenchmarker:
     def _over_budget(
         self, first_call_us: list[float], reference: int
     ) -> dict[int, str]:
-        """The candidates that cannot be timed within their budget, and why.
-
-        A choice's calls get ``collective_benchmark_timeout`` seconds in all; the fewest
-        calls that can time it (its capture or warm-up and the first rounds) must fit,
-        at the time its first call took on its slowest rank. The reference stays (it
-        is the fallback), untimed."""
+        """The candidates whose fewest timing calls, at their first call's time, exceed
+        ``collective_benchmark_timeout``, and why; the reference is kept (fallback)."""
         budget_us = self.settings.timeout * 1e6
         over = {}
         for i, t in enumerate(first_call_us):
@@ -667,8 +572,7 @@ class CollectiveBenchmarker:
         return over
 
     def _fewest_calls(self, per_call_us: float) -> int:
-        """The fewest calls that time a choice of ``per_call_us``: what sizes its
-        samples, then the first rounds (a rendezvous call and a sample each)."""
+        """The fewest calls that time a choice: its sizing, then the first rounds."""
         if self.mode is TimingMode.GRAPH:
             calls = _graph_calls(self.settings.graph_sample_us, per_call_us)
             return calls + self._min_rounds * 2 * calls
@@ -677,8 +581,7 @@ class CollectiveBenchmarker:
         return 2 * self.settings.warmup + self._min_rounds * (1 + lead_in + calls)
 
     def _lead_in(self, per_call_us: float) -> int:
-        """Untimed calls before each eager sample of a choice of ``per_call_us``; none
-        on the CPU, whose gloo collectives block the host (see :meth:`_time_eager`)."""
+        """Untimed calls before each eager sample; none on the CPU (gloo blocks)."""
         return _lead_in_calls(per_call_us) if self.device.type == "cuda" else 0
 
     # -- calibrating and sampling -------------------------------------------------
@@ -692,8 +595,7 @@ class CollectiveBenchmarker:
         live = [i for i, s in enumerate(status) if s.ok]
         batches: list[_Batch | None] = [None] * len(candidates)
         if self.mode is TimingMode.GRAPH:
-            # The screen's times are the slowest rank's: every rank captures as many
-            # calls.
+            # The screen's times are the slowest rank's: every rank captures alike.
             calls = [
                 _graph_calls(self.settings.graph_sample_us, t) for t in first_call_us
             ]
@@ -771,10 +673,8 @@ class CollectiveBenchmarker:
         live: list[int],
         times: dict[int, float],
     ) -> list[int]:
-        """The batches captured from a long first call whose first replay, on the
-        slowest rank, showed a call shorter than a sample: captured again
-        (:func:`_recaptured_calls`), identical on every rank. Returns their indices
-        (their first sample is not one of the new batch's)."""
+        """Recapture the long-first-call batches whose first replay showed a shorter
+        call; returns their indices (their first sample must be dropped)."""
         checked = [
             i
             for i in live
@@ -805,10 +705,8 @@ class CollectiveBenchmarker:
         return resized
 
     def _rounds(self, batches: list[_Batch | None], first_call_us: list[float]) -> int:
-        """How many rounds fit the budget: every choice's calls within
-        ``collective_benchmark_timeout`` seconds (at least the first rounds, which the
-        screen made sure fit), at most ``collective_benchmark_nruns``. The same on every
-        rank: it reads the slowest ranks' times."""
+        """Rounds that fit every choice's calls in the timeout (at least the first
+        rounds), at most ``nruns``; the same on every rank."""
         budget_us = self.settings.timeout * 1e6
         rounds = self.settings.nruns
         for batch, t in zip(batches, first_call_us):
@@ -826,12 +724,8 @@ class CollectiveBenchmarker:
         keep: set[int],
         incumbent: int | None,
     ) -> tuple[list[int], bool]:
-        """Drop the clearly slower choices; whether sampling can stop.
-
-        A pure function of one MAX all-reduce, so identical on every rank: it also
-        carries each rank's ``incumbent``, which counts only where every rank names
-        the same one.
-        """
+        """Drop the clearly slower choices; whether sampling can stop. One MAX
+        all-reduce; ``incumbent`` counts only where every rank names the same one."""
         n = len(candidates)
         stats = [
             _quartiles(samples[i]) if i in live else (math.inf,) * 3 for i in range(n)
@@ -865,9 +759,8 @@ class CollectiveBenchmarker:
         medians = [q[1] for q in quartiles]
         skew = [statistics.median(s) if s else 0.0 for s in skews]
         n = len(candidates)
-        # One MAX all-reduce gives both the slowest (max t) and fastest (-max -t) rank,
-        # the spread of the rendezvous' duration, the quartiles on the slowest rank, and
-        # how contended the most contended rank's host was while each choice was timed.
+        # One MAX all-reduce: the slowest (t) and fastest (-t) rank, skew spread,
+        # slowest-rank quartiles and the most contended host.
         reduced = self._all_reduce_max(
             medians
             + [-t for t in medians]
@@ -902,10 +795,8 @@ class CollectiveBenchmarker:
         live: list[int],
         contention: list[HostContention],
     ) -> tuple[dict[int, float], dict[int, float]]:
-        """One sample of every live choice: per-call us and rendezvous spread. The
-        host's contention is measured per choice, over its host-paced samples only: a
-        busy host slows the choices that want the CPU at the time, not those that wait
-        on a peer, and a measure over the whole round would average them."""
+        """One sample of every live choice: per-call us and rendezvous spread. Host
+        contention is per choice: a busy host slows only those that want a CPU."""
         graphs = {i: b for i in live if (b := batches[i]) is not None and b.graph}
         times, skews = self._graph_round(graphs)
         for i in live:
@@ -921,12 +812,8 @@ class CollectiveBenchmarker:
     def _graph_round(
         self, graphs: dict[int, _Batch]
     ) -> tuple[dict[int, float], dict[int, float]]:
-        """Replay every choice's batch in ``graphs`` once, back to back on the GPU.
-
-        The host enqueues the whole round behind a GPU sleep, so no launch gap of its
-        own enters a timed replay; each timed replay follows an untimed one of the same
-        graph, which absorbs how far apart the ranks reached it.
-        """
+        """Replay each batch once, back to back, behind a GPU sleep so that no host
+        launch gap is timed; each timed replay follows an untimed rendezvous one."""
         if not graphs:
             return {}, {}
         events = {
@@ -980,13 +867,9 @@ class CollectiveBenchmarker:
         rendezvous: Callable[[], Any],
         lead_in: int = 0,
     ) -> tuple[float, float]:
-        """Microseconds per call of ``count`` back-to-back calls of ``fn`` that follow
-        ``lead_in`` untimed ones, and how long the untimed ``rendezvous`` call waited
-        for the group.
-
-        A gloo collective blocks the host, so on the CPU the barrier aligns ranks to
-        well within a millisecond collective, and no rendezvous is needed.
-        """
+        """Microseconds per call of ``count`` calls after ``lead_in`` untimed ones, and
+        how long ``rendezvous`` waited for the group (not run on the CPU, where gloo's
+        barrier blocks the host and so aligns the ranks)."""
         self._barrier(doing)
         if self.device.type == "cuda":
             before, met, start, end = (
@@ -1028,8 +911,7 @@ class CollectiveBenchmarker:
                     e,
                 )
                 failed[i] = 1.0
-        # Capturing issues no collective, so a failure leaves no peer waiting: one flag
-        # all-reduce tells every rank which captures to give up.
+        # Capturing issues no collective, so one flag all-reduce suffices.
         failed = self._all_reduce_max(failed)
         return {i: captured.get(i) if failed[i] == 0.0 else None for i in indices}
 
@@ -1038,14 +920,13 @@ class CollectiveBenchmarker:
     def _collective(
         self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Any:
-        """One of the benchmark's own collectives. Its failure (a peer gone, stuck, or
-        paired with another collective) leaves the group's collectives untrustworthy:
-        this rank stops, telling its peers what the group reported."""
+        """One of the benchmark's own collectives; a failure leaves the group's
+        collectives untrustworthy and raises CollectiveAutotuneError."""
         try:
             return fn(*args, **kwargs)
         except CollectiveAutotuneError:
             raise
-        except Exception as e:  # it failed in our own collective: the group's
+        except Exception as e:
             raise CollectiveAutotuneError(
                 f"{doing}: the group's collectives failed on this rank "
                 f"({describe(e)})"
@@ -1060,16 +941,12 @@ class CollectiveBenchmarker:
         self._device_sync(doing)
 
     def _after_long_call(self, began: float) -> None:
-        """After a call that took longer than a look interval: stop at once if the group
-        aborted meanwhile (a peer gave up waiting for this rank)."""
+        """After a call longer than a look interval, stop if the group aborted."""
         if time.perf_counter() - began > look_interval(self.settings.timeout):
             self.session.check_abort()
 
     def _device_sync(self, doing: str, event: torch.cuda.Event | None = None) -> None:
-        """Wait for the device, at most ``timeout``, and stop if some rank aborted.
-
-        On the CPU the collectives themselves block, bounded by the group timeout.
-        """
+        """Wait for the device, at most ``timeout``, and stop if some rank aborted."""
         if self.device.type != "cuda":
             return
         if event is None:
@@ -1130,8 +1007,7 @@ class ScreenInputs:
             t.copy_(p)
 
     def written(self) -> int | None:
-        """The first input the last call wrote into against the op's declaration, or
-        None."""
+        """The first input the last call wrote against the op's declaration, or None."""
         return next(
             (
                 i
@@ -1153,11 +1029,8 @@ def prune(
     candidates: Sequence[Candidate],
     incumbent: int | None = None,
 ) -> tuple[list[int], bool]:
-    """The choices still worth sampling after ``rounds`` rounds, from every choice's
-    quartiles on its slowest rank, and whether sampling can stop: a choice whose lower
-    quartile is clearly above the leader's upper quartile is dropped (unless in
-    ``keep``); sampling stops once the leader is alone, the rest tie with it, or no
-    choice is clearly faster than the ``incumbent`` (a screen)."""
+    """The choices still worth sampling, from slowest-rank quartiles, and whether to
+    stop: the leader is alone, the rest tie, or none beats ``incumbent`` clearly."""
     leader = min(live, key=lambda i: mid[i])
     dropped = [
         i
@@ -1183,9 +1056,7 @@ def prune(
 
 
 def _run_delay_ns() -> int | None:
-    """Nanoseconds the calling thread (the one that runs the timed calls) has spent
-    runnable but waiting for a CPU; None where the kernel does not tell (not Linux, no
-    schedstats)."""
+    """Nanoseconds this thread has waited for a CPU while runnable; None if unknown."""
     try:
         with open("/proc/thread-self/schedstat") as f:
             return int(f.read().split()[1])
@@ -1194,12 +1065,9 @@ def _run_delay_ns() -> int | None:
 
 
 class HostContention:
-    """Measures, around the blocks it is entered for, how long the calling thread (the
-    one that launches and times the calls, whose waits enter the samples) was runnable
-    but waiting for a CPU, per second of those blocks (``value``; 0 where the kernel does
-    not tell). Per second of wall time, not per second it wanted a CPU: a rank timing
-    microsecond collectives is woken thousands of times a second, and each wake-up waits
-    a little on any host."""
+    """Seconds per second the timing thread was runnable but waiting for a CPU within
+    the blocks it is entered for (``value``; 0 where the kernel does not tell). Per wall
+    second: a thread woken thousands of times a second waits a little on any host."""
 
     def __init__(self) -> None:
         self._delay_s = 0.0
@@ -1224,17 +1092,13 @@ class HostContention:
 
 
 def clearly_slower(low_us: float, leader_high_us: float) -> bool:
-    """Whether a choice whose lower quartile is ``low_us`` is clearly slower than one
-    whose upper quartile is ``leader_high_us``: by at least :data:`DROP_MARGIN`."""
+    """Whether lower quartile ``low_us`` exceeds ``leader_high_us`` by DROP_MARGIN."""
     return low_us > leader_high_us * (1 + DROP_MARGIN)
 
 
 def benchmark_device(device: torch.device) -> torch.device:
-    """The device to benchmark on: the op's own, with its index made explicit.
-
-    A program may place its tensors on ``cuda:{local_rank}`` without making that
-    device current; flags, events and graphs must live where the tensors do.
-    """
+    """The op's device with an explicit index: flags, events and graphs must live
+    where the tensors do, which may not be the current device."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
@@ -1248,10 +1112,8 @@ def _calls(sample_us: float, per_call_us: float, fewest: int) -> int:
 
 
 def _graph_calls(sample_us: float, per_call_us: float) -> int:
-    """Calls per captured batch of a choice whose first call took ``per_call_us`` (the
-    slowest rank's, so the same on every rank): ``sample_us`` of them, at least
-    _MIN_GRAPH_CALLS, or _MIN_LONG_GRAPH_CALLS where that one call lasted a sample
-    (checked against the first replay: :func:`_recaptured_calls`)."""
+    """Calls per captured batch from the slowest rank's first call: ``sample_us`` of
+    them, at least _MIN_GRAPH_CALLS (_MIN_LONG_GRAPH_CALLS for a call that long)."""
     long = math.isfinite(per_call_us) and per_call_us >= sample_us
     return _calls(
         sample_us, per_call_us, _MIN_LONG_GRAPH_CALLS if long else _MIN_GRAPH_CALLS
@@ -1259,14 +1121,9 @@ def _graph_calls(sample_us: float, per_call_us: float) -> int:
 
 
 def _recaptured_calls(sample_us: float, replay_per_call_us: float) -> int:
-    """Calls per captured batch of a choice whose first call lasted a sample, from its
-    share per call of its first replay (the slowest rank's): two where the call does
-    too; else the floor, the calls its first call gave it before it was checked. Not
-    ``sample_us / replay_per_call_us``: its rivals are sized from their first (eager)
-    calls, which at small sizes take several times a replayed call, so sizing it from
-    a replay would give it more calls per batch than them and less launch per call (on
-    2 H200s the symmetric-memory kernels read 0.5 us lower at 1-64 tokens, the op's
-    own as before)."""
+    """Calls per recaptured batch, from its first replay's per-call time. Not
+    ``sample_us / replay_per_call_us``: rivals are sized from their slower eager first
+    calls, and more calls per batch would favour it."""
     if replay_per_call_us >= sample_us:
         return _MIN_LONG_GRAPH_CALLS
     return _MIN_GRAPH_CALLS
@@ -1280,8 +1137,7 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 
 
 def _lead_in_calls(per_call_us: float) -> int:
-    """Untimed calls before each eager sample of a choice of ``per_call_us``: about
-    ``_EAGER_LEAD_IN_US`` of them, none for a call that long."""
+    """Untimed calls, about ``_EAGER_LEAD_IN_US`` of them, before each eager sample."""
     if not math.isfinite(per_call_us) or per_call_us <= 0:
         return 0
     return min(_MAX_CALLS_PER_SAMPLE, int(_EAGER_LEAD_IN_US // per_call_us))
@@ -1297,9 +1153,8 @@ def _capture_graph(fn: Callable[[], Any], calls: int) -> torch.cuda.CUDAGraph:
 
 @functools.lru_cache(None)  # for the process: the hardware does not change
 def _cycles_per_us(device_index: int) -> float:
-    """The GPU clock, measured once per device: a sleep's length is given in cycles.
-    The highest of a few readings, as an idle GPU boosts its clock only once busy
-    (a rate read before the boost would only make sleeps longer, which is harmless)."""
+    """The GPU clock (sleeps are given in cycles): the highest of a few readings, as an
+    idle GPU boosts its clock only once busy."""
     rates = []
     for _ in range(3):
         start, end = (
@@ -1356,8 +1211,7 @@ def _describe(verdict: Verdict, value: float) -> str:
 
 
 def _status(rows: list[list[float]], raised: str) -> ScreenOutcome:
-    """A candidate's outcome from every rank's row of the screen's table (group rank
-    order): OK, or why it is dropped, the same words on every rank."""
+    """A candidate's outcome from every rank's row of the screen's table."""
     verdicts = [Verdict(int(row[0])) for row in rows]
     if all(v == Verdict.OK for v in verdicts):
         return PASSED
@@ -1368,8 +1222,8 @@ def _status(rows: list[list[float]], raised: str) -> ScreenOutcome:
 
 
 def _rejection(reports: list[str]) -> str:
-    """Why the group drops a screened choice: each rank that rejected it (its report),
-    how far off it was there, and the ranks that accepted it (no report)."""
+    """Why the group drops a screened choice; ``reports[r]`` is "" where rank ``r``
+    accepted it."""
     described = "; ".join(f"group rank {r}: {o}" for r, o in enumerate(reports) if o)
     accepted = [r for r, o in enumerate(reports) if not o]
     if not accepted:
@@ -1410,7 +1264,7 @@ def _set_group_timeout(timeout: timedelta, group: ProcessGroup) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    # torch 2.14 made the private setter public (and deprecated the old name).
+    # torch >= 2.14 has the public setter and deprecates the private one.
     setter = getattr(dist, "set_timeout", None) or c10d._set_pg_timeout
     setter(timeout, group)
 

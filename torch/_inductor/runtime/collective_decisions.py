@@ -1,26 +1,9 @@
 """Collective autotuning decisions kept on disk, so that a restart need not re-tune.
 
-Each benchmarked decision is one small JSON file under
-``<inductor cache dir>/collective_autotuning/decisions/``, named by a digest of the
-decision's key (op, input sizes, strides and dtypes, choices, timing mode) and of the
-*environment* it was measured in: group size, device model, interconnect (NVLink or
-PCIe), whether NVLink multicast (NVLS) is enabled, backend, and the torch and NCCL
-versions. A decision measured elsewhere therefore never matches. Every rank keeps its
-own files (ranks of a host usually share them); a decision read from disk is used
-only when every rank of the group read the identical entry, which the group checks in
-one vote (see collective/graph_sessions.py), and otherwise the group tunes afresh.
-
-A file that cannot be read, does not parse, or belongs to another key or environment is
-a miss, never an error. Files are written atomically (codecache.write_atomic), so a
-reader never sees half an entry. A key covers the code identity of every choice
-(kernel/collective/choices.py:code_identity), so a changed implementation is a miss; and
-a stored winner is screened against the op's own implementation again before a restart
-uses it (kernel/collective/graph_sessions.py), so an edited file cannot make a wrong
-choice run. To forget every decision, delete the ``collective_autotuning`` folder of the
-cache dir; ``collective_autotune_persist=False`` neither reads nor writes them, and
-``collective_autotune_retune=True`` ignores what is there and overwrites it with fresh
-measurements.
-"""
+Each decision is a small JSON file under ``<cache dir>/collective_autotuning/decisions``
+named by a digest of its key and of the environment it was measured in. An unreadable
+or foreign file is a miss, never an error. A group uses a decision from disk only when
+every rank read the identical entry."""
 
 from __future__ import annotations
 
@@ -42,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Bumped whenever the meaning of a stored decision changes.
+# Bump when the meaning of a stored decision changes.
 _FORMAT = 3
 
 
@@ -54,11 +37,9 @@ class Environment(WireMessage):
     torch: str
     backend: str
     device: str
-    # CUDA devices only.
     device_model: str = ""
     # "nvlink", "pcie", or "unknown" where NVML cannot tell.
     interconnect: str = ""
-    # NVLink multicast (NVLS) on.
     nvls: bool = False
     nccl: str = ""
 
@@ -70,18 +51,15 @@ class StoredDecision(WireMessage):
     key: str
     environment: Environment
     winner: str
-    # Slowest-rank microseconds per choice when it was measured, for the logs.
+    # Slowest-rank microseconds per choice, for the logs.
     timings_us: dict[str, float]
-    # Timed without confidence (runtime/collective_confidence): the next job to meet
-    # the key times the winner against the runner-up again, and settles or replaces it.
+    # The next job to meet the key re-times winner against runner-up.
     provisional: bool = False
     runner_up: str = ""
-    # Why, for the logs (Confidence.describe).
     confidence: str = ""
 
     def digest(self) -> str:
-        """What ranks compare: the same digest means the same decision, to be taken the
-        same way (used, or timed again)."""
+        """What ranks compare: equal digests mean the decision is taken the same way."""
         return digest(
             self.key,
             self.environment.to_wire(),
@@ -93,9 +71,7 @@ class StoredDecision(WireMessage):
 
 @dataclasses.dataclass(frozen=True)
 class InlinedDecision:
-    """A decision that a compiled graph inlines, as its cache entry keeps it: the group
-    and graph plan it was agreed in, the key, the winner, the op (for the records) and
-    the environment it holds in."""
+    """A decision that a compiled graph inlines, as its cache entry keeps it."""
 
     group_name: str
     plan: str
@@ -103,24 +79,18 @@ class InlinedDecision:
     winner: str
     op: str
     environment: Environment
-    # The code identity of each implementation the key covers, by qualified name
-    # (kernel/collective/choices.py): a graph inlining code since changed is a miss.
+    # Code identity per implementation: a graph inlining since-changed code is a miss.
     code: dict[str, str]
-    # Taken without the group's agreement on merit (a rank was absent): never loaded
-    # by another job attempt.
+    # Taken without the group's agreement (a rank was absent): never loaded again.
     provisional: bool
-    # The size ranges the graph was guarded on (a range graph), "" for none: such a
-    # graph is loaded only where Dynamo checks its guards.
+    # Size ranges the graph was guarded on; loaded only where Dynamo checks guards.
     guarded_range: str = ""
-    # For a range of a dynamic op's ladder: how the call site ran each size (a
-    # SizePath's value) and the winners by size (range top, winner), as a graph loaded
-    # from the cache reports them again.
+    # A dynamic op's ladder range: its SizePath and (range top, winner) pairs.
     size_path: str = ""
     winners: tuple[tuple[float, str], ...] = ()
 
 
 def environment(group: ProcessGroup, device: torch.device) -> Environment:
-    """The environment of a measurement on ``device`` in ``group``."""
     import torch.distributed as dist
 
     common = Environment(
@@ -134,8 +104,7 @@ def environment(group: ProcessGroup, device: torch.device) -> Environment:
 def current_environment(
     group: ProcessGroup, made_in: Environment
 ) -> Environment | None:
-    """The environment of ``group`` today on the kind of device of ``made_in``, or None
-    where there is no such device."""
+    """``group``'s environment on ``made_in``'s kind of device; None if it has none."""
     if made_in.device != "cuda":
         return environment(group, torch.device(made_in.device))
     if not torch.cuda.is_available():
@@ -144,8 +113,7 @@ def current_environment(
 
 
 def group_scope(group: ProcessGroup) -> str:
-    """A digest of what every decision of ``group`` depends on, whatever its devices:
-    the decisions a group keeps in the Store for the job are kept under it."""
+    """A digest of what every decision of ``group`` depends on, whatever its devices."""
     return digest(environment(group, torch.device("meta")).to_wire())
 
 
@@ -162,8 +130,6 @@ def _cuda_environment(index: int) -> dict[str, Any]:
 
 
 def _interconnect(index: int) -> str:
-    """ "nvlink" when the device has an active NVLink, else "pcie" (NVML decides);
-    "unknown" where NVML cannot tell (no pynvml, no driver): said, not guessed."""
     try:
         import pynvml  # type: ignore[import-not-found]
     except ImportError:
@@ -185,8 +151,6 @@ def _interconnect(index: int) -> str:
 
 
 class DecisionStore:
-    """The decisions of this rank's cache dir."""
-
     def __init__(self, root: Path | None = None) -> None:
         if root is None:
             from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -195,8 +159,6 @@ class DecisionStore:
         self.root = root
 
     def load(self, key: str, env: Environment) -> StoredDecision | None:
-        """The decision stored for ``key`` in ``env``, or None (a miss, never an
-        error)."""
         path = self._path(key, env)
         try:
             data = json.loads(path.read_text())
@@ -215,7 +177,7 @@ class DecisionStore:
         return decision
 
     def save(self, decision: StoredDecision) -> None:
-        """Write ``decision`` atomically; a failure to write is logged, not raised."""
+        """Write ``decision`` atomically; a failure is logged, not raised."""
         from torch._inductor.codecache import write_atomic
 
         path = self._path(decision.key, decision.environment)
@@ -232,7 +194,6 @@ class DecisionStore:
 
 
 def digest(*parts: Any) -> str:
-    """A short name for ``parts`` (JSON-able data), the same on every rank."""
     return hashlib.blake2b(
         json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=12
     ).hexdigest()

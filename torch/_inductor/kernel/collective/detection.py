@@ -1,14 +1,7 @@
 """Which ops communicate, and over which process group.
 
-An op tuned with register_custom_op_autotuning is collective when it is one of the ops
-that communicate (runtime/collective_benchmarking.COLLECTIVE_OPS, by exact name: a
-user's op whose name contains a collective's is none), when one of its arguments names
-a process group (:data:`GROUP_ARGUMENTS`), or when its choices' traced graphs (or its
-own implementation's) call a collective (:func:`collective_calls`). Its group is the
-one those arguments name, resolved to a ProcessGroup (:func:`resolve_group`); choices
-on several groups synchronise over the smallest known group that contains them all
-(:func:`covering_group`).
-"""
+An op is collective when it is a known collective (by exact name), takes a process-group
+argument (:data:`GROUP_ARGUMENTS`), or its choices' traced graphs call a collective."""
 
 from __future__ import annotations
 
@@ -35,8 +28,7 @@ def op_name(op: OpOverload) -> str:
 
 
 def names_a_collective(op: OpOverload) -> bool:
-    """Whether ``op`` is one of the ops that communicate, or a process-group argument
-    says that it does (its implementations' graphs tell the rest)."""
+    """Whether ``op`` is a known collective or takes a process-group argument."""
     schema = getattr(op, "_schema", None)
     return is_collective_op(op) or (
         schema is not None and any(a.name in GROUP_ARGUMENTS for a in schema.arguments)
@@ -44,9 +36,8 @@ def names_a_collective(op: OpOverload) -> bool:
 
 
 def collective_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    """The calls of collective ops in ``gm`` (a choice's traced implementation): of the
-    ops that communicate, and of opaque custom ops that name a process group (torch's
-    own ops name none: ``aten::native_group_norm``'s ``group`` is a count)."""
+    """Calls in ``gm`` of known collectives and of non-builtin ops that take a group
+    (builtins take none: ``aten::native_group_norm``'s ``group`` is a count)."""
     return [
         node
         for node in gm.graph.nodes
@@ -63,8 +54,7 @@ def collective_calls(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
 
 
 def group_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[Any]:
-    """The process groups (or their names) that the collective call ``node`` of
-    ``gm`` passes."""
+    """The process groups (or their names) that the collective call ``node`` passes."""
     found = []
     args, kwargs = node.args, node.kwargs
     schema = node.target._schema  # type: ignore[union-attr]
@@ -80,8 +70,9 @@ def group_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[Any]:
 
 
 def resolve_group(group: Any, op: OpOverload) -> ProcessGroup:
-    """The ProcessGroup that ``group`` (a group, its boxed form, or its name) names;
-    raises, naming ``op``, where this rank cannot tell one."""
+    """The ProcessGroup that ``group`` (a group, boxed group or name) names.
+
+    Raises ValueError or TypeError, naming ``op``, where this rank cannot tell one."""
     import torch.distributed as dist
 
     if isinstance(group, dist.ProcessGroup):
@@ -91,7 +82,7 @@ def resolve_group(group: Any, op: OpOverload) -> ProcessGroup:
     if isinstance(group, str):
         try:
             return torch._C._distributed_c10d._resolve_process_group(group)
-        except RuntimeError as e:  # c10d knows no such group; reworded below
+        except RuntimeError as e:
             raise ValueError(
                 f"{op_name(op)} names process group {group!r}, which this rank does "
                 "not know; pass the group name of a group created with "

@@ -1,16 +1,5 @@
-"""What collective autotuning installs into upstream at run time, in one place.
-
-Everything else it needs of upstream is an edit of the upstream file, in the overlay's
-diffs (patches/torch-<minor>.diff): the registration, choice preparation, detection and
-size-dispatch hooks of custom_op.py, the selection hook of select_algorithm.py, the
-knobs of config.py, the logging artifact, the FX-graph cache gate of codecache.py, the
-decisions a compiled graph records (output_code.py), lowering a benchmark choice
-without compiling it (codegen/subgraph.py), and the CUDA-graph rules for a torch.cond
-whose predicate reads sizes only (lowering.py, scheduler.py).
-
-What stays here needs no upstream change: it goes through an upstream registry meant
-for it. test/inductor/collective_contracts.py checks that it fires.
-"""
+"""Beats a rank's heartbeat while Dynamo compiles, so that peers in a session wait for
+it. Other upstream changes are in patches/series/ (see patches/torch-<minor>.series)."""
 
 from __future__ import annotations
 
@@ -22,24 +11,12 @@ from torch._inductor.runtime.collective_protocol import (
     process_group_initialized,
 )
 
-# The heartbeats of the compiles in progress (None where collective tuning is off):
-# pushed as a compile starts and popped as it ends, so empty between compiles. Not
-# cleared by Inductor's fresh_cache, which may run inside a compile: its end would
-# find no heartbeat to stop.
+# A heartbeat (or None) per running compile; fresh_cache (maybe mid-compile) keeps it.
 _compiling: list[Any] = []
 
 
 def install(compiling: bool) -> None:
-    """Beat (_store_session.Liveness) while Dynamo compiles a frame or a
-    lazy backward, in a process that registered a collective op while collective
-    tuning is on: a peer's sessions may wait for this compile, and must, as long as it
-    goes on. Dynamo runs these callbacks for the outermost compile only.
-
-    Dynamo's callback registry takes them, so no upstream change is needed; but
-    ``torch._dynamo.reset()`` empties it, so every hook of ours that runs inside a
-    compile (``compiling``) installs them again where they are gone, and beats at once
-    for the rest of that compile.
-    """
+    """Register the callbacks again if ``torch._dynamo.reset()`` dropped them."""
     from torch._dynamo.callback import callback_handler
 
     if _start in callback_handler.start_callbacks:
@@ -55,9 +32,8 @@ def _start(args: Any = None) -> None:
 
     beat = None
     if config.collective_autotune and process_group_initialized():
-        # Validated first: a bad knob fails here, naming itself.
         member = participant(BenchmarkSettings.from_config().timeout)
-        # (older Dynamo calls its callbacks without arguments)
+        # some Dynamo versions call callbacks without arguments
         beat = member.liveness.working(
             f"compiling graph {getattr(args, 'compile_id', '')}".rstrip()
         )

@@ -1,28 +1,11 @@
-"""Collective autotuning per graph: one session per graph and group, decisions kept.
+"""Collective autotuning per graph: one Store session per graph and process group.
 
-Inductor lowers a collective-tuned op call by call. Agreeing with the group at each
-call site would cost an arrival per site, and a group could give two sites of one key
-different winners. Instead, at the first collective-tuned call site of a graph, each
-rank takes the graph's *plan* (the collective-tuned call sites in its FX graph, per
-process group) and joins one session per group (runtime/collective_protocol), bringing
-its collective autotuning settings, which must be the same on every rank. From then on
-every distinct *key* (op, shapes, choices and their code, timing mode) is agreed at its
-first call site by the ranks that joined, in lockstep (they lower the same graph in the
-same order), with one vote; the result becomes the group's decision for the key, kept in
-the Store for the job attempt, which every later site, graph and recompile reuses. A
-key is benchmarked only when nobody decided it yet and the ranks' stored decisions
-(runtime/collective_decisions) are not identical; an identical stored winner is screened
-against the op's own implementation again before it is used.
-
-The FX-graph and AOTAutograd caches stay on. A compiled graph that inlines collective
-decisions records them (``CompiledFxGraph.collective_decisions``), and a cache hit of
-such a graph is used only when every inlined decision is the group's: either the group
-decided those keys already in this attempt, or every rank of the group loads the
-identical graph, made for the current environment and code, from decisions that were
-not provisional, which the ranks find out by joining the graph's session with what they
-loaded. Otherwise the hit is turned into a miss and every rank compiles the graph, so a
-rank with warm caches never skips a session its cold peers wait in.
-"""
+At its first collective-tuned call site a graph joins one session per group; each
+distinct key is then agreed at its first site with one vote, in lockstep, by the ranks
+that joined, and the result is the group's decision for the key for the rest of the job
+attempt. A cache hit that inlines collective decisions is used only when the group
+already decided those keys or every rank loads the same graph; otherwise it becomes a
+miss, so that a warm rank never skips a session its cold peers wait in."""
 
 from __future__ import annotations
 
@@ -84,11 +67,8 @@ SETTLED_IN_GRAPH = "decided at an earlier site of this graph"
 
 
 def _plan(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
-    """The collective-tuned call sites of ``gm`` by group name, each as a descriptor.
-
-    Sites are described by what every rank sees alike (op, input sizes, strides and
-    dtypes, other arguments), never by node names or device indices.
-    """
+    """The collective-tuned call sites of ``gm`` by group name, each described by what
+    every rank sees alike (never node names or device indices)."""
     sites: dict[str, list[str]] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(
@@ -143,11 +123,9 @@ class GroupChoice(WireMessage):
     malformed_error = MalformedMessageError
 
     winner: str
-    # Taken without the group's agreement on merit (a rank was absent or late, ranks
-    # tuned different things), or timed without confidence: holds for this attempt only.
+    # A fallback, or timed without confidence: holds for this attempt only.
     provisional: bool = False
-    # Provisional for want of confidence only: still a measurement, which a ladder's
-    # neighbouring ranges may take as their incumbent (a fallback is none).
+    # Provisional only for want of confidence: a ladder may still take it as incumbent.
     unsure: bool = dataclasses.field(default=False, compare=False)
 
 
@@ -182,8 +160,7 @@ class GroupSession:
         return self.session.votes
 
 
-# Sessions joined by a cache hit that the group turned into a compile: the compile that
-# follows takes them over, as a participant.
+# Sessions joined by a rejected cache hit: the compile that follows takes them over.
 _pending: dict[tuple[str, str], GroupSession] = cleared_with_inductor_caches({})
 
 # The sessions of each graph being lowered, by group name: they live as long as it.
@@ -193,12 +170,8 @@ _graph_sessions: weakref.WeakKeyDictionary[Any, dict[str, GroupSession]] = (
 
 
 def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSession:
-    """The session of the graph being lowered on ``group`` (joined at first use).
-
-    At its first collective-tuned call site a graph joins the sessions of all its
-    groups that contain this rank, in one order that every rank shares, so that ranks
-    of several groups cannot wait for each other in a cycle.
-    """
+    """The session of the graph being lowered on ``group``. At first use the graph joins
+    all its groups' sessions in one order on every rank, so none wait in a cycle."""
     from torch._inductor.virtualized import V
 
     graph = V.graph
@@ -214,8 +187,7 @@ def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSessio
                 )
         _graph_sessions[graph] = sessions
     if group.group_name not in sessions:
-        # A site that the plan could not see (its op hides that it communicates, or
-        # its choices run on another group): a session of its own.
+        # A site the plan could not see (a hidden collective, or another group).
         node = V.graph.current_node
         descriptor = _site(node)[1] if node is not None else ""
         sessions[group.group_name] = _join(
@@ -232,8 +204,7 @@ def joined_session(group: ProcessGroup) -> GroupSession | None:
 
 
 def _timing_context() -> tuple[Any, ...]:
-    """What changes keys without changing the graph: whether the model runs under
-    CUDA graphs."""
+    """What changes keys without changing the graph: whether CUDA graphs are on."""
     from torch._inductor import config
 
     return (bool(config.triton.cudagraphs),)
@@ -246,9 +217,8 @@ def _join(
     loaded: str,
     name: str = "",
 ) -> GroupSession:
-    """Join the session ``name`` (the plan's, by default) of ``group``, bringing what
-    this rank ``loaded`` from its cache and its ``settings``; raises
-    CollectiveAutotuneError, on every rank, where the ranks' settings differ."""
+    """Join session ``name`` (the plan's by default) of ``group`` with what this rank
+    ``loaded``; raises CollectiveAutotuneError on every rank if settings differ."""
     import torch.distributed as dist
     from torch._dynamo.utils import counters
 
@@ -284,8 +254,7 @@ def _join(
 
 
 def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
-    """The decisions ``group`` keeps in the Store for the attempt, under its
-    environment."""
+    """The decisions ``group`` keeps in the Store for the attempt, by environment."""
     import torch.distributed as dist
 
     return GroupDecisions(
@@ -320,8 +289,7 @@ def _decide_graph(joins: list[Join]) -> Decision:
 
 
 def _differing_settings(per_rank: list[dict[str, Any]]) -> str:
-    """Which knobs differ between the ranks, naming each variable and its values, or
-    ""."""
+    """Which knobs differ between the ranks, with their values per rank, or ""."""
     clauses = []
     for knob in sorted(per_rank[0]):
         values = [settings.get(knob) for settings in per_rank]
@@ -350,7 +318,7 @@ def _resolve(group_name: str) -> ProcessGroup | None:
 
     try:
         group = torch._C._distributed_c10d._resolve_process_group(group_name)
-    except RuntimeError as e:  # c10d knows no such group: another job's or rank set's
+    except RuntimeError as e:  # c10d knows no such group
         log.debug("group %s is not this rank's: %s", group_name, e)
         return None
     return group if dist.get_rank(group) >= 0 else None
@@ -374,11 +342,9 @@ class SiteReport(WireMessage):
     stored_winner: str | None
     # Choices that cannot be used here (raised while traced, did not build), and why.
     failed: dict[str, str]
-    # Whether this rank built its choices before reporting (and ``failed`` says which
-    # did not build).
+    # Whether ``failed`` already includes this rank's build failures.
     built: bool = False
-    # Where the stored decision is provisional: the runner-up to time its winner
-    # against.
+    # For a provisional stored decision: the runner-up to time its winner against.
     stored_runner_up: str | None = None
 
 
@@ -398,12 +364,10 @@ class SiteDecision:
     provisional: bool = False
 
 
-# What building a site's choices takes: the labels to build; why each that did not
-# fails.
+# Builds the given labels; returns why each one that failed did.
 Build = Callable[[Sequence[str]], dict[str, str]]
-# Screening a stored winner against the op's own implementation on every rank, in the
-# session that votes on the key: "" if it passed, else why not (the same words on every
-# rank).
+# Screens a stored winner against the op's own implementation on every rank: "" if it
+# passed, else why not (the same words on every rank).
 Verify = Callable[[str, GroupSession], str]
 
 
@@ -416,13 +380,9 @@ def agree_key(
     verify: Verify,
     timing_allowed: bool,
 ) -> tuple[SiteDecision, GroupSession]:
-    """The group's decision for ``key``, identical on every rank; and the session
-    whose votes a benchmark of the key must use.
-
-    ``report`` gives what this rank knows of the key; it is asked for only where the
-    ranks vote. ``build`` compiles choices of this rank and ``verify`` screens a stored
-    winner again; they run only where the group needs them, on every rank alike.
-    """
+    """The group's decision for ``key``, identical on every rank, and the session a
+    benchmark of it must vote in. ``report``, ``build`` and ``verify`` run only where
+    the group needs them, on every rank alike."""
     known = decided_without_group(session, key, default)
     if known is not None:
         return known, session
@@ -430,10 +390,8 @@ def agree_key(
         followed = _follow(session, key, default)
         if followed is not None:
             return followed, session
-        # This plan's session was held by an earlier compile, which did not meet this
-        # key (another timing mode, or a backward graph whose sites look like the
-        # forward's, say): the key gets a session of its own. What it settles is
-        # settled in this graph, for the key's later sites to reuse untraced.
+        # An earlier compile of this plan held the session without meeting this key:
+        # the key gets a session of its own, settled for this graph's later sites.
         session = dataclasses.replace(
             _join(
                 session.group,
@@ -458,11 +416,9 @@ def agree_key(
 def decided_without_group(
     session: GroupSession, key: str, default: str
 ) -> SiteDecision | None:
-    """The decision for ``key`` that this rank takes asking nothing of its group (no
-    vote, no Store request), so that none of the key's choices need be traced: the
-    key settled at an earlier site of this graph, or, where the session does not vote
-    (it follows an earlier compile of its plan: a range graph, say), what this rank
-    read or published for the key before. None where the key needs more."""
+    """The decision for ``key`` this rank can take without asking its group, so that no
+    choice need be traced: settled earlier in this graph, or (where the session does
+    not vote) read or published before. None where the key needs more."""
     settled = session.settled.get(key)
     if settled is not None:
         return SiteDecision(
@@ -482,8 +438,7 @@ def _follow(session: GroupSession, key: str, default: str) -> SiteDecision | Non
     was held by an earlier compile of its plan, which did not decide ``key``."""
     stored = decided(session.decisions, key)
     if session.decision.kind == DecisionKind.FALLBACK:
-        # The group did not assemble: the op's own implementation, unless the key
-        # was decided before (the same words on the rank that decides and those late).
+        # The group did not assemble: the op's own unless the key was decided before.
         winner, provisional = (
             (stored.winner, stored.provisional)
             if stored is not None
@@ -534,14 +489,11 @@ def _vote_key(
     verify: Verify,
     timing_allowed: bool,
 ) -> SiteDecision:
-    """The group's decision for ``report``'s key, from one vote of every rank's report:
-    a decision published already, the op's own where the ranks tune different things,
-    an identical stored decision screened again, or the choices built on every rank
-    (timed where more than one is left and ``timing_allowed``)."""
+    """The group's decision for ``report``'s key from one vote on every rank's report:
+    published, the op's own, a stored one screened again, or the choices built."""
     topic = f"site/{report.key}"
     if not (report.stored or report.decided):
-        # Nothing stored or decided here: the group can only time the choices (or follow
-        # what a peer read), so build them first and vote once on both.
+        # The group can only time the choices: build them first, so one vote does.
         runnable = [n for n in report.choices if n not in report.failed]
         liveness = session.session.participant.liveness
         with liveness.working(f"compiling the choices of {topic}"):
@@ -596,9 +548,8 @@ def _stored_decision(
     build: Build,
     verify: Verify,
 ) -> SiteDecision | None:
-    """Where every rank holds the same stored decision, and its winner passes its
-    screen again: use it (a provisional one is timed against its runner-up again).
-    None otherwise; a stored winner that fails is added to ``failed``."""
+    """Use a stored decision that every rank holds and whose winner passes its screen
+    again; else None, adding a failed winner to ``failed``."""
     choices = reports[0].choices
     stored = {rep.stored for rep in reports}
     winner = reports[0].stored_winner
@@ -609,8 +560,7 @@ def _stored_decision(
         and winner not in failed
     ):
         return None
-    # A provisional decision (timed without confidence) is timed again against its
-    # runner-up, cheaply, and settled or replaced.
+    # A provisional decision is timed again against its runner-up only.
     runner_up = reports[0].stored_runner_up
     again = (runner_up,) if runner_up in choices and runner_up not in failed else ()
     verdict = _verify_stored(session, topic, winner, default, build, verify, again)
@@ -653,8 +603,7 @@ def _decision_on_built(
     where some ranks had not): none, one, or those to benchmark."""
     choices = reports[0].choices
     if not all(rep.built for rep in reports):
-        # Some ranks held a stored decision: every rank builds (again, nothing for those
-        # that built) and votes on what failed.
+        # Some ranks held a stored decision and built nothing yet.
         runnable = [n for n in choices if n not in failed]
         for name, why in _built(session, f"{topic}/build", build, runnable).items():
             failed.setdefault(name, why)
@@ -701,10 +650,8 @@ def _verify_stored(
     verify: Verify,
     also: Sequence[str] = (),
 ) -> str:
-    """Screen the stored ``winner`` against the op's own implementation on every rank
-    (a decision file may have been edited, a choice may compute differently now),
-    building ``also`` with them: "" where all built and the winner passed, else why
-    not, the same on every rank."""
+    """Screen the stored ``winner`` against the op's own implementation on every rank,
+    also building ``also``: "" if all built and it passed, else why not."""
     failed = _built(
         session, f"{topic}/verify", build, list(dict.fromkeys([default, winner, *also]))
     )
@@ -755,17 +702,12 @@ def settle_key(
     environment: Environment,
     code: dict[str, str],
 ) -> GroupChoice:
-    """Publish ``choice`` as the group's decision for ``key``; the stored decision.
-
-    The first decision stored for a key is the group's: a rank whose proposal lost
-    (another session of the group decided the key first) takes the stored one, as
-    every other rank does. The graph's cache entry records it with ``environment``
-    (runtime/collective_decisions) and the ``code`` identities it holds for.
-    """
+    """Publish ``choice`` for ``key`` and return the stored decision: the first one
+    published for a key is the group's. The graph's cache entry records it with
+    ``environment`` and the ``code`` identities it holds for."""
     stored = session.settled.get(key)
     if stored is None:
-        # What this process read or published for the key before is what the Store holds
-        # (a decision never changes): a later graph, a range graph say, asks nothing.
+        # A decision never changes: what this process knows is what the Store holds.
         known = session.decisions.known(key)
         stored = GroupChoice.decode(
             known
@@ -828,9 +770,8 @@ def _unguarded_here(decisions: Sequence[InlinedDecision]) -> str | None:
 def _sites_of(
     decisions: Sequence[InlinedDecision],
 ) -> dict[tuple[str, str], list[InlinedDecision]] | None:
-    """``decisions`` by the group and plan of their session, or None where this
-    process may take no cached decision: collective autotuning off, no process
-    group, or the retune knob set."""
+    """``decisions`` by group and plan, or None where this process may take no cached
+    decision (collective autotuning off, no process group, or retuning)."""
     from torch._inductor import config
 
     if not (config.collective_autotune and process_group_initialized()):
@@ -844,13 +785,9 @@ def _sites_of(
 
 
 def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
-    """Whether this rank can use a cached graph that inlines ``decisions``, by what
-    it knows alone: no decision provisional, each made in this environment (size,
-    backend, device model, interconnect, NVLS, torch and NCCL versions) for today's
-    code. No network: the FX-graph cache's lookup asks it of every candidate entry of
-    a key and passes over the ones it refuses, as over one whose guards fail, so that
-    a graph compiled with a provisional pick does not hide the one compiled after the
-    pick settled. True for graphs without collective decisions."""
+    """Whether this rank alone can use a cached graph inlining ``decisions``: none
+    provisional, all made in this environment for today's code. No network: the cache
+    lookup asks it of every candidate entry and skips refused ones, as failed guards."""
     if not decisions:
         return True
     sites = _sites_of(decisions)
@@ -886,14 +823,10 @@ def _held_here(
 
 
 def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
-    """Whether the group of every decision a cache hit inlines takes it: each
-    decision is the group's (decided so in this attempt already, or every rank of
-    the group found this same graph usable in its cache, one session per group).
-    False turns the hit into a miss, and the session it joined passes on to the
-    compile that follows. Called by the compile after its cache lookup, before it
-    uses a hit (compile_fx for the FX-graph cache, AOTAutograd for its entries), so
-    that the cache's lookup does no network. True for graphs without collective
-    decisions."""
+    """Whether every group whose decisions a cache hit inlines takes them: decided so
+    already in this attempt, or every rank loaded this same graph. False turns the hit
+    into a miss; the session joined passes to the compile that follows. Called after
+    the cache lookup, before a hit is used, so that the lookup does no network."""
     if not decisions:
         return True
     sites = _sites_of(decisions)
@@ -912,7 +845,6 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
             return False
     for decision in decisions:
         _keep_cached(decision)
-    # How the graph's sites of dynamic size run each size, once per op.
     for op, path, guarded, winners in sorted(
         {
             (d.op.rsplit("_range_", 1)[0], d.size_path, d.guarded_range, d.winners)
@@ -980,11 +912,8 @@ def _why_not_loadable(
     inlined: list[InlinedDecision],
     held: dict[str, GroupChoice | None],
 ) -> str:
-    """Why this rank cannot load decisions ``inlined`` in a cached graph, or "": the
-    group holds another decision for a key in this attempt (``held``, what this rank
-    knows of it); or one was provisional (it held for its own attempt only) and the
-    group does not hold it now; or made in another environment; or for code that has
-    changed since."""
+    """Why this rank cannot load the cached decisions ``inlined``, or "": the group
+    decided otherwise (``held``), one is provisional, or environment or code changed."""
     for d in inlined:
         holds = held.get(d.key)
         if holds is not None and holds != GroupChoice(d.winner, d.provisional):

@@ -1,33 +1,11 @@
 """Range graphs: one compiled graph per size range, chosen by Dynamo's guard check.
 
-Where the winners of a collective op of dynamic size change along the dimension (the
-ladder of collective/dispatch.py found several), a size dispatch inside the graph costs
-at every call: ``torch.cond`` is a fusion barrier (each branch copies its operand, and
-the producer's pointwise kernel no longer fuses into the collective's input) and,
-without CUDA graphs, each layer's dispatch is host work. Instead the lowering *guards*
-on the range that holds the size this graph is compiled at (``sizevars.evaluate_expr``
-of ``size <= top`` for the range's neighbours: shape guards that Dynamo checks before
-every call) and inlines that range's winner alone. A call at a size outside it fails
-Dynamo's guard and compiles the graph again, for the range that holds the new size; that
-compile reads the ladder's decisions (tuned once, by the group, at the first compile)
-and benchmarks nothing. The ranges of every op of a graph on one symbol merge into one
-partition: a compile guards the cell of the partition holding its size. Inductor sees
-the narrowed range while it compiles (``statically_known_leq`` holds), and the FX-graph
-cache keeps one entry per range, found by its guards.
-
-Each range's compile is a Dynamo recompile of the frame, counted against
-``torch._dynamo.config.recompile_limit``. A guard may only speed the choice of winner
-up, never be what makes it right: where nothing would check the guard
-(:func:`unchecked_guards`: a guard filter that drops shape guards, as serving engines
-set, ``aot_compile``, ``standalone_compile``, export, AOTInductor,
-``skip_guard_eval_unsafe``) or no recompile is allowed (``error_on_recompile``, more
-ranges than half the recompile limit, the knob ``collective_autotune_range_graphs``
-off), the graph dispatches by size inside instead, and says why. A graph whose sizes
-are bounded within one range already (``torch._check``, an engine's compile range:
-``collective_autotune_compile_range``) inlines that range's winner with no guard. A
-cached range graph is loaded only where its guard is checked. ``set_stance(
-"fail_on_recompile")`` is for after a warm-up that compiled every range
-(``warm_up_sizes()``, collective/dispatch.py).
+Where a dynamic collective op's winner changes with size, a dispatch inside the graph
+blocks fusion and costs host work per call. Instead the lowering guards on the range
+holding the size being compiled and inlines that range's winner alone; a size outside
+it fails the guard and recompiles, reusing the ladder's decisions. A guard may only
+speed the choice up, never make it right: where guards go unchecked or recompiles are
+not allowed, the graph dispatches by size instead.
 """
 
 from __future__ import annotations
@@ -47,20 +25,18 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class GuardedRange:
-    """The range of sizes (``low``, ``high``] of one symbol that a graph is compiled
-    for."""
+    """The range of sizes (``low``, ``high``] of one symbol a graph is compiled for."""
 
-    size: Any  # the sympy expression of the dynamic size
-    low: float  # exclusive; 0 below the first range
-    high: float  # inclusive; math.inf above the last
+    size: Any  # sympy expression
+    low: float  # 0 below the first range
+    high: float  # math.inf above the last
 
     def __str__(self) -> str:
         high = "inf" if self.high == math.inf else str(int(self.high))
         return f"{self.size} in ({int(self.low)}, {high}]"
 
 
-# The tops of the ranges guarded so far in each graph being lowered, by size expression:
-# the partition that the graph's compiles of every range share.
+# Per graph and size expression: the range tops guarded so far, shared by all ranges.
 _partitions: weakref.WeakKeyDictionary[Any, dict[str, set[float]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -69,15 +45,8 @@ _partitions: weakref.WeakKeyDictionary[Any, dict[str, set[float]]] = (
 def range_of_this_graph(
     size: Any, tops: Sequence[float]
 ) -> tuple[GuardedRange | None, str]:
-    """The range of ``size`` this graph is compiled for, given an op that changes
-    winner at ``tops`` (range tops in size order), and how it was found; or None and why
-    the graph must dispatch by size inside.
-
-    A range the graph already knows (:func:`known_span`: the program's bounds, the
-    guards of an earlier site or of the forward graph, an engine's compile range) costs
-    nothing; else the graph is guarded on the cell of its partition that holds
-    ``size``'s hint (:func:`_guard`), where Dynamo checks that guard before every call
-    and compiles the graph again for a size outside it (:func:`_why_not_guarded`)."""
+    """The range of ``size`` this graph is compiled for, given winners changing at
+    ``tops``, and how it was found (known or guarded); or None and why not."""
     known = _known(size, tops)
     if known is not None:
         return known
@@ -91,11 +60,9 @@ def range_of_this_graph(
 
 
 def known_span(size: Any, tops: Sequence[float]) -> tuple[float, float, str]:
-    """(low, high, why): the tightest ``low`` and ``high`` among 0, ``tops`` and inf
-    such that every size this graph runs at lies in (low, high], and what bounds them:
-    the shape environment (``torch._check``, the symbol's range, an earlier site's
-    guard) or the engine's compile range (``collective_autotune_compile_range``,
-    inclusive)."""
+    """(low, high, why): the tightest bounds among 0, ``tops`` and inf with every size
+    this graph runs at in (low, high], known from the shape environment or
+    ``collective_autotune_compile_range``, without adding guards."""
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
@@ -122,9 +89,7 @@ def known_span(size: Any, tops: Sequence[float]) -> tuple[float, float, str]:
     return low, high, "; ".join(said)
 
 
-# The ranges each graph being lowered knows already, by size expression and tops: what
-# the shape environment knows of a size only narrows while a graph is lowered, and every
-# layer of a model asks of the same size and tops.
+# Per graph: cached _known results (knowledge of a size only narrows while lowering).
 _known_ranges: weakref.WeakKeyDictionary[
     Any, dict[tuple[str, tuple[float, ...]], tuple[GuardedRange, str]]
 ] = weakref.WeakKeyDictionary()
@@ -147,16 +112,8 @@ def _known(size: Any, tops: Sequence[float]) -> tuple[GuardedRange, str] | None:
 
 
 def unchecked_guards() -> str | None:
-    """Why no guard that this compile adds will pick the graph by its sizes at run
-    time (checked before every call, a failed one compiling the frame again); None
-    where Dynamo does.
-
-    Serving engines compile so: vLLM passes ``guard_filter_fn=
-    torch.compiler.skip_all_guards_unsafe`` and calls the model at every size, an
-    ``aot_compile``-d function raises on a failed guard, a ``standalone_compile``-d
-    artifact runs without Dynamo. A guard filter is asked about the frame's SHAPE_ENV
-    guard, the one Dynamo builds every shape guard from; a filter that cannot judge
-    that entry alone is taken to drop it."""
+    """Why this compile's shape guards will not be checked before each call with a
+    recompile on failure (guard filters, aot/standalone compile, export); None if so."""
     from torch._dynamo import eval_frame
     from torch._dynamo.convert_frame import compiling_frame_hooks
 
@@ -202,7 +159,6 @@ def _kept(guard_filter_fn: Any, shape_guard: Any) -> bool:
     from torch._dynamo.guards import make_guard_filter_entry
 
     try:
-        # The SHAPE_ENV guard's entry has no name, so no value to read: no builder.
         return bool(guard_filter_fn([make_guard_filter_entry(shape_guard, None)])[0])
     except Exception:
         log.debug("the guard filter cannot judge the SHAPE_ENV guard", exc_info=True)
@@ -213,12 +169,10 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
-    # (A data-dependent size has no ladder: collective/dispatch.py:data_dependent_size.)
     if not config.collective_autotune_range_graphs:
         return "collective_autotune_range_graphs is off"
     if getattr(V.graph, "is_backward", False):
-        # Compiled at the first backward call, after Dynamo installed the frame's
-        # guards.
+        # Compiled after Dynamo installed the frame's guards.
         return (
             "a backward graph cannot add guards, and its forward's do not fix its range"
         )
@@ -238,13 +192,8 @@ def _why_not_guarded(size: Any, tops: Sequence[float]) -> str | None:
 
 
 def _guard(size: Any, tops: Sequence[float]) -> GuardedRange:
-    """Guard this graph on the cell of the graph's partition (``tops`` merged into the
-    ranges of its earlier sites) that holds ``size``'s hint, and return the cell.
-
-    ``size <= top`` is evaluated for the partition's tops in order, through Inductor's
-    size variables: each evaluation is a guard that Dynamo checks before every call
-    (False: ``size > top``), and narrows the range Inductor knows for the rest of
-    the compile."""
+    """Guard this graph on the cell of its partition (``tops`` merged in) that holds
+    ``size``'s hint, by evaluating ``size <= top`` in order; returns the cell."""
     from torch._inductor.virtualized import V
 
     partition = _partition(size)
@@ -260,16 +209,14 @@ def _guard(size: Any, tops: Sequence[float]) -> GuardedRange:
     return cell
 
 
-# The cells each graph being lowered was guarded on.
 _guarded: weakref.WeakKeyDictionary[Any, list[GuardedRange]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def guarded_range(graph: Any) -> str:
-    """The size ranges ``graph`` (a GraphLowering) was guarded on, as its cache entry
-    records them ("" for none): such a graph is right only where its guards are
-    checked (:func:`unchecked_guards`)."""
+    """The size ranges ``graph`` (a GraphLowering) was guarded on, for its cache entry:
+    such an entry is valid only where guards are checked. "" for none."""
     return "; ".join(sorted({str(cell) for cell in _guarded.get(graph, [])}))
 
 

@@ -1,13 +1,7 @@
-"""What a collective decision is for, and what one rank decided.
+"""Decision keys, and this process's records of collective autotuning decisions.
 
-A decision is for a *key* (:func:`site_key`): the op, its inputs' sizes, strides and
-dtypes, its choices and the code identity of each, how they are timed, the threshold
-and what the call site fuses with, as a short digest that every rank computes alike.
-Each decision this process makes or loads is kept as a :class:`CollectiveAutotuneRecord`
-(:func:`collective_autotune_records`, cleared with Inductor's other caches by
-``fresh_cache``); :func:`format_record` writes it as the table that
-``TORCH_LOGS=collective_autotuning`` prints and that ``TORCH_TRACE`` keeps for tlparse.
-"""
+The records are cleared with Inductor's caches by ``fresh_cache``; :func:`format_record`
+writes the table that ``TORCH_LOGS=collective_autotuning`` prints."""
 
 from __future__ import annotations
 
@@ -26,28 +20,21 @@ if TYPE_CHECKING:
 
 
 class Action(str, enum.Enum):
-    """What the group did about a key."""
+    """What the group did about a key: time its choices now, or use one untimed."""
 
-    # Timed its choices now, on every rank.
     BENCHMARK = "benchmark"
-    # Took a decision without timing.
     USE = "use"
 
 
 class Source(str, enum.Enum):
-    """Where a decision comes from."""
+    """Where a decision comes from: timed now, this job attempt, every rank's disk, a
+    cached graph, a dynamic op's neighbouring sizes, or agreed untimed (a fallback)."""
 
-    # Timed now by the group.
     BENCHMARK = "benchmark"
-    # Decided earlier in this job (attempt), by this group.
     JOB = "job"
-    # Stored on disk by every rank, and screened again before it was used.
     DISK = "disk"
-    # Inlined in a compiled graph that every rank loaded from its cache.
     CACHE = "cache"
-    # The common winner of the neighbouring sizes of a dynamic op's range.
     LADDER = "ladder"
-    # The group's fallback or its only choice, untimed.
     AGREEMENT = "agreement"
 
 
@@ -60,11 +47,8 @@ def site_key(
     neighbours: Neighbours,
     code: Mapping[str, str],
 ) -> str:
-    """What a decision is for: the op (by its autotuning name), its inputs' sizes,
-    strides and dtypes, its choices, how they are timed, the threshold, what the site
-    fuses with (the same op may win alone and lose between pointwise neighbours), and
-    the code identity of every implementation (a changed implementation is a new
-    key)."""
+    """The digest naming a decision, alike on every rank: op, input layouts, choices,
+    timing, threshold, fused neighbours, and each implementation's code identity."""
     return digest(
         name,
         [_node_meta(n) for n in inputs],
@@ -85,42 +69,24 @@ def _node_meta(node: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveAutotuneRecord:
-    """What one rank decided for one collective-tuned call site.
-
-    Identical across the group but for the fields that say how long this rank took.
-    """
+    """What one rank decided for one call site; alike on all ranks but the timings."""
 
     op: str
     group_name: str
     group_ranks: tuple[int, ...]
-    # The decision's key and the session it was agreed in.
     key: str
     session: str
     decision: Action
     source: Source
     reason: str
     timings: tuple[ChoiceTiming, ...]
-    # Choices are named by their implementation and parameters, e.g.
-    # "chunked_all_reduce(chunks=4)"; the op's own implementation is "default".
+    # e.g. "chunked_all_reduce(chunks=4)"; the op's own implementation is "default".
     winner: str
-    # How choices are (or would have been) timed, and the pointwise neighbours each
-    # choice was timed with ("producer+consumer", "none"; collective/choice_modules.py).
     mode: TimingMode | None = None
     timed_with: str = ""
-    # A decision taken without the group's agreement on merit (a rank was absent or
-    # late), or timed without confidence (see ``confidence``): it holds for this job
-    # attempt only, and a cached graph that inlines it is not loaded by another attempt.
-    # A timed one is kept on disk as provisional, for the next job to time again.
+    # A fallback, or timed without settled confidence: holds for this attempt only.
     provisional: bool = False
-    # How far the benchmark's readings can be trusted (runtime/collective_confidence):
-    # a benchmarked decision that is not settled is provisional, kept on disk as such
-    # and re-timed by the next job. None where nothing was timed.
     confidence: Confidence | None = None
-    # Seconds this rank spent tracing the choices (upstream, before the decision),
-    # waited for its peers (to arrive, to vote), spent compiling choices, and spent
-    # otherwise on the decision (its own votes and the benchmark, whose steps are in
-    # ``phases``: every choice's first call, sizing batches, rounds, the reduction);
-    # and the Store requests it made for the decision.
     trace_s: float = dataclasses.field(default=0.0, compare=False)
     waited_s: float = dataclasses.field(default=0.0, compare=False)
     build_s: float = dataclasses.field(default=0.0, compare=False)
@@ -130,31 +96,24 @@ class CollectiveAutotuneRecord:
 
 
 class SizePath(str, enum.Enum):
-    """How a call site of a collective op of dynamic size runs each size's winner."""
+    """How a dynamic-size call site runs each size's winner: inline the winner of the
+    one range its sizes lie in, or of the range the graph is guarded on; or dispatch."""
 
-    # Its sizes lie in one range already (the program's bounds, an engine's compile
-    # range, the guards of an earlier site): that range's winner is inlined.
     KNOWN_RANGE = "known range"
-    # The graph is guarded on the range holding the size it is compiled at and inlines
-    # that range's winner; Dynamo compiles it again for a size outside.
     RANGE_GRAPH = "range graph"
-    # The winners are dispatched by size inside the graph.
     SIZE_DISPATCH = "size dispatch"
 
 
 @dataclasses.dataclass(frozen=True)
 class SizePathRecord:
-    """How one call site of a collective op of dynamic size runs each size's winner,
-    and why: what the log line says, for tools and tests."""
+    """How one dynamic-size call site runs each size's winner, and why."""
 
     op: str
     path: SizePath
     reason: str
-    # The sizes this graph is compiled for ("s0 in (64, inf]"), or "" for every size.
+    # e.g. "s0 in (64, inf]"; "" for every size.
     compiled_for: str
-    # (top size, winner) per range of the graph's winners, in size order; the last
-    # range's top is inf. A range graph or a known range lists the ladder's winners,
-    # of which it inlines one.
+    # (top size, winner) per range, ascending; the last top is inf.
     winners: tuple[tuple[float, str], ...]
 
 
@@ -162,25 +121,20 @@ _State = TypeVar("_State", list[Any], dict[Any, Any])
 
 
 def cleared_with_inductor_caches(state: _State) -> _State:
-    """``state`` (a list or dict this package keeps between compiles), emptied by
-    Inductor's ``fresh_cache`` with Inductor's own caches."""
+    """``state``, registered to be emptied by Inductor's ``fresh_cache``."""
     from torch._inductor.utils import clear_on_fresh_cache
 
     clear_on_fresh_cache(types.SimpleNamespace(cache_clear=state.clear))
     return state
 
 
-# This process's decision records.
 _records: list[CollectiveAutotuneRecord] = cleared_with_inductor_caches([])
 
-
-# How this process's sites of collective ops of dynamic size run each size's winner.
 _size_paths: list[SizePathRecord] = cleared_with_inductor_caches([])
 
 
 def collective_autotune_size_paths() -> list[SizePathRecord]:
-    """How each call site of a collective op of dynamic size that this process lowered
-    runs each size's winner, oldest first."""
+    """How each dynamic-size call site this process lowered runs, oldest first."""
     return list(_size_paths)
 
 
@@ -189,13 +143,8 @@ def keep_size_path(record: SizePathRecord) -> None:
 
 
 def winner_change_points(op: str | None = None) -> list[int]:
-    """The sizes after which a tuned collective op of dynamic size changes winner, in
-    the graphs this process compiled (those of ops whose autotuning name starts with
-    ``op``, where given), ascending: sizes up to a point and sizes above it run
-    different winners. An engine that compiles per size range (vLLM's
-    ``compile_ranges_split_points``) puts them among its split points, and each of its
-    range graphs inlines one winner per op with no dispatch and no guard
-    (``collective_autotune_compile_range``)."""
+    """Ascending sizes after which a tuned dynamic-size op (name prefixed ``op``)
+    changes winner: split points for an engine that compiles per size range."""
     return sorted(
         {
             int(top)
@@ -212,12 +161,10 @@ def collective_autotune_records() -> list[CollectiveAutotuneRecord]:
 
 
 def keep_record(record: CollectiveAutotuneRecord) -> None:
-    """Add ``record`` to this process's decisions."""
     _records.append(record)
 
 
 def format_record(record: CollectiveAutotuneRecord) -> str:
-    """A table of one decision: choice, slowest- and fastest-rank time, winner."""
     lines = [
         f"collective autotuning: {record.op} on group {record.group_name} "
         f"(ranks {list(record.group_ranks)}), key {record.key}",
@@ -230,7 +177,6 @@ def format_record(record: CollectiveAutotuneRecord) -> str:
         lines.append(f"  confidence: {record.confidence.describe()}")
     if record.timings:
         width = max(len(t.name) for t in record.timings)
-        # The quartiles are what "clearly faster" compares (collective/timing.py:pick).
         lines.append(
             f"  {'choice':<{width}}  {'slowest rank us':>15}  "
             f"{'its quartiles us':>17}  {'fastest rank us':>15}  "

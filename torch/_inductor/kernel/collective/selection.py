@@ -1,18 +1,11 @@
-"""One collective-tuned call site's decision, the group's and identical on every rank.
+"""One collective-tuned call site's decision: the group's, identical on every rank.
 
-Before a site's choices are traced, :func:`prepare_site` describes the call
-(:class:`CallSite`: its group, settings, timing mode, choices and their code, inputs,
-neighbours and key); :func:`range_outside_this_graph` finds the ranges of a dynamic op
-that lie outside the sizes a range graph is compiled for, and :func:`settled_range`
-those that an earlier site of the graph settled (nothing is traced for either), and
-:func:`decided_before_tracing` reads whether the group decided the site's key already (a
-read of the Store, no waiting), or whether a range of a dynamic op takes the winner of
-its neighbouring sizes: then only the winner is traced. After, :func:`decide_site` takes
-the group's decision for the key from the graph's session
-(kernel/collective/graph_sessions.py): a decision made earlier in the job, one every
-rank stored on disk and screened again (runtime/collective_decisions.py), or a benchmark
-of the choices in lockstep on every rank of the group (kernel/collective/timing.py), and
-returns this rank's record of it.
+Before tracing, :func:`prepare_site` describes the call (:class:`CallSite`), and
+:func:`range_outside_this_graph`, :func:`settled_range` and
+:func:`decided_before_tracing` find sites whose winner is known, so that little or
+nothing is traced. After tracing, :func:`decide_site` takes the group's decision from
+the graph's session (graph_sessions.py): made earlier in the job, stored on disk and
+screened again, or benchmarked in lockstep (timing.py).
 """
 
 from __future__ import annotations
@@ -89,12 +82,11 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class CallSite:
-    """A collective op's call being lowered: its group, settings, how its choices are
-    timed, their labels (the op's own last) and code identities, its inputs,
-    threshold and neighbours, and the key of its decision."""
+    """A collective op's call being lowered and the key of its decision; ``labels``
+    end with the op's own implementation."""
 
     name: str
-    # The op (None where a site's op was not prepared before tracing).
+    # None where the site was not prepared before tracing.
     op: torch._ops.OpOverload | None
     group: ProcessGroup
     settings: BenchmarkSettings
@@ -106,17 +98,13 @@ class CallSite:
     min_speedup_threshold: float
     neighbours: Neighbours
     key: str
-    # A ladder range's: the winner it keeps unless another is clearly faster
-    # (dispatch.incumbent).
-    incumbent: dispatch.Incumbent | None = None
-    # The tensor inputs the op declares it writes into (by position).
+    incumbent: dispatch.Incumbent | None = None  # for a ladder range
+    # Positions of the tensor inputs the op declares it writes into.
     mutable: tuple[int, ...] = ()
-    # When it was prepared (its choices are traced after).
     prepared_at: float = dataclasses.field(default_factory=time.monotonic)
 
 
-# The call sites prepared before tracing in each graph being lowered, by op name: the
-# decision after tracing takes its site from here (lives as long as the graph).
+# Per graph, by op name: sites prepared before tracing, taken by decide_site.
 _prepared: weakref.WeakKeyDictionary[Any, dict[str, CallSite]] = (
     weakref.WeakKeyDictionary()
 )
@@ -139,9 +127,7 @@ def prepare_site(
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
-    _prepared.setdefault(V.graph, {}).pop(
-        name, None
-    )  # an earlier call's, whatever this one is
+    _prepared.setdefault(V.graph, {}).pop(name, None)
     if not (
         names_a_collective(op)
         and config.collective_autotune
@@ -153,7 +139,7 @@ def prepare_site(
     try:
         group = resolve_group(named[0], op) if named else dist.group.WORLD
     except (ValueError, TypeError):
-        return None  # detection reports it with the full story
+        return None  # detection reports it
     site = _call_site(
         name=name,
         op=op,
@@ -185,13 +171,12 @@ def _call_site(
     neighbours: Neighbours,
     mutable: tuple[int, ...] = (),
 ) -> CallSite:
-    """The call site of op ``name`` whose choices are ``labels`` (``implementations``
-    by label, and ``op``'s own where it is known): the settings and timing mode in
-    force, the code identity of each implementation, and the key of its decision."""
+    """The call site of op ``name`` with choices ``labels``, under the settings in
+    force, keyed by its implementations' code identities."""
     settings = _once_per_graph(("settings",), BenchmarkSettings.from_config)
     mode = timing_mode(settings, device, benchmark_with_cudagraphs)
-    # By identity (an implementation may be an unhashable callable), the
-    # implementations kept with their identities, so that no id is reused meanwhile.
+    # Keyed by id() (callables may be unhashable); the cache keeps them alive so no
+    # id is reused.
     code = _once_per_graph(
         ("code", op, tuple((lbl, id(fn)) for lbl, fn in implementations)),
         lambda: (list(implementations), identities(op, implementations)),
@@ -214,11 +199,8 @@ def _call_site(
     )
 
 
-# What every call site of a graph being lowered shares, by what it was computed from:
-# the settings in force and the code identities of an op's implementations. Neither
-# changes while a graph is lowered (a function changed between compiles is read again at
-# the next graph), and a ladder's range-based lowering prepares each call site once per
-# range: a range graph of a deep model would read them again for every range and layer.
+# Per graph: settings and code identities, constant while a graph is lowered and
+# otherwise recomputed for every range and layer.
 _graph_constants: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
     weakref.WeakKeyDictionary()
 )
@@ -234,18 +216,9 @@ def _once_per_graph(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
 
 
 def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
-    """The record of a ladder range whose key the group decided already, where taking
-    the decision asks nothing of the group; None otherwise.
-
-    That is a key an earlier call site of the graph being lowered, fused with the same
-    neighbours, settled, or, in a graph whose session follows an earlier compile of its
-    plan (a range graph), one this rank read or published before. Then the
-    range-based lowering needs only the winner's implementation, and no choice is
-    traced: every layer of a model after the first would otherwise trace each of its
-    ranges' winners again (eight ranges per site by default), and a range graph's first
-    layer its range's winner (and the op itself in the first one's place), for nothing.
-    Every rank takes the decision alike, exactly as :func:`decide_site` would.
-    """
+    """The record of a ladder range whose key is settled already (by an earlier site
+    or compile) and can be taken without asking the group, so no choice is traced;
+    None otherwise. Every rank takes it exactly as :func:`decide_site` would."""
     session = graph_sessions.joined_session(site.group)
     if session is None or not dispatch.is_range(site.name):
         return None
@@ -275,9 +248,8 @@ def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
 
 
 def decided_before_tracing(site: CallSite) -> str | None:
-    """The group's decision for ``site``'s key if it is known already (decided in this
-    graph, or published in the Store: a read, no waiting); for a ladder range, also
-    the winner it keeps unless another is clearly faster (its incumbent)."""
+    """The group's decision for ``site``'s key if already known (a Store read, no
+    waiting); also records a ladder range's incumbent."""
     session = graph_sessions.joined_session(site.group)
     if session is not None and site.key in session.settled:
         return session.settled[site.key].winner
@@ -298,7 +270,7 @@ def decided_before_tracing(site: CallSite) -> str | None:
 
 
 def _range_key(site: CallSite, range_name: str) -> str:
-    """The key of range ``range_name`` of the ladder that ``site``'s range belongs to."""
+    """The key of range ``range_name`` of the ladder holding ``site``'s range."""
     return site_key(
         range_name,
         site.inputs,
@@ -310,30 +282,18 @@ def _range_key(site: CallSite, range_name: str) -> str:
     )
 
 
-# Per graph being lowered, by the key of a ladder range: the range's winner where it
-# lies outside the sizes the graph is compiled for, None where it is lowered.
+# Per graph, by ladder-range key: its winner if outside this graph's range, else None.
 _outside: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def range_outside_this_graph(site: CallSite) -> str | None:
-    """The winner of a ladder range that lies outside the sizes this graph is compiled
-    for, to return untraced and unrecorded; None where the range is lowered as usual.
+    """The winner of a ladder range outside the sizes this range graph is compiled
+    for, returned untraced and unrecorded; None where the range is lowered as usual.
 
-    A range graph (collective/range_graphs.py) inlines the winner of its own range
-    alone: the ladder's other winners only place the range's bounds. Where the graph's
-    session follows decisions made by an earlier compile of its plan (a range graph
-    compiled after the first: the group tuned the whole ladder then) and this rank
-    holds the decision of every range of the ladder, the graph is guarded on its range
-    before any range is lowered, and each range outside it costs neither a trace nor a
-    record: the compiled graph, and its cache entry, inline none of those decisions.
-    Upstream's range-based lowering would lower every range at every call site.
-
-    Each rank reads only decisions it settled or read before (no Store request); a
-    session that does not vote has no per-key lockstep, so ranks may lower different
-    keys of it. Counted in ``counters["inductor"]["collective_autotune_ranges_outside"]``.
-    """
+    Applies only where this rank already holds every range's decision (no Store
+    request) and the session does not vote, so ranks may lower different keys."""
     from torch._dynamo.utils import counters
     from torch._inductor.virtualized import V
 
@@ -352,9 +312,8 @@ def range_outside_this_graph(site: CallSite) -> str | None:
 def _ranges_outside(
     site: CallSite, names: Sequence[str], dim: int
 ) -> dict[str, str | None]:
-    """By key, the winner of each range of the ladder ``names`` (along ``dim``) outside
-    the range this graph is compiled for, None for those inside; None for every range
-    where the graph's range cannot be fixed before they are lowered."""
+    """By key: the winner of each range of ladder ``names`` outside this graph's range,
+    None inside; None for all where that range cannot be fixed before lowering."""
     keys = {name: _range_key(site, name) for name in names}
     session = graph_sessions.session_for(site.group, site.settings)
     known = {name: session.decisions.known(key) for name, key in keys.items()}
@@ -413,9 +372,9 @@ def decide_site(
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
 ) -> tuple[CollectiveAutotuneRecord, dict[str, ChoiceCaller]]:
-    """The group's decision for the call site of op ``name`` being lowered, and its
-    ``choices`` by label; raises CollectiveAutotuneError, on every rank of the group,
-    when the group's collectives failed mid-benchmark and cannot be trusted."""
+    """The group's decision for the call site of op ``name``, and its ``choices`` by
+    label. Raises CollectiveAutotuneError on every rank if the group's collectives
+    failed mid-benchmark."""
     from torch._dynamo.utils import counters
     from torch._inductor import config
 
@@ -474,8 +433,7 @@ def untuned_record(name: str, group: ProcessGroup) -> CollectiveAutotuneRecord:
 
 
 def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
-    """This rank's record of the group's decision for ``work``'s site: agreed in the
-    graph's session, timed where the group benchmarks the key, kept for the group."""
+    """This rank's record of the group's decision for ``work``'s site."""
     from torch._inductor import config
 
     site = work.site
@@ -519,9 +477,7 @@ def _site_after_tracing(
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
 ) -> CallSite:
-    """The call site of op ``name`` as ``prepared`` before tracing (on the group
-    detection found), or described from its traced choices where nothing was
-    prepared."""
+    """The site as ``prepared`` before tracing, or built from the traced choices."""
     if prepared is not None:
         neighbours = timed_with(prepared.neighbours, choices)
         return dataclasses.replace(prepared, group=group, neighbours=neighbours)
@@ -545,22 +501,20 @@ def _site_after_tracing(
 
 @dataclasses.dataclass
 class _SiteWork:
-    """What deciding one site takes on this rank: its report, building and screening
-    its choices, timing them."""
+    """This rank's work to decide one site: report, build, screen and time."""
 
     site: CallSite
     by_label: dict[str, ChoiceCaller]
     choices: list[ChoiceCaller]
     inputs: BenchmarkInputs
-    # Seconds spent compiling the choices; the benchmark's steps.
-    build_s: float = 0.0
+    build_s: float = 0.0  # seconds compiling choices
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def report(self, session: GroupSession) -> SiteReport:
         """What this rank knows of the key before anything is built."""
         persisted = _persisted(self.site)
-        # Read from the Store before tracing already; a decision published since then
-        # reaches the vote through the rank that read it.
+        # No new Store read: a decision published since reaches the vote via the
+        # rank that read it.
         known = session.decisions.known(self.site.key)
         return SiteReport(
             key=self.site.key,
@@ -591,8 +545,7 @@ class _SiteWork:
         )
 
     def build(self, labels: Sequence[str]) -> dict[str, str]:
-        """Compile ``labels`` of this rank's choices for the benchmark; why each one
-        that did not build failed."""
+        """Compile ``labels`` for the benchmark; why each that did not build failed."""
         begin = time.monotonic()
         chosen = {
             label: self.by_label[label] for label in labels if label in self.by_label
@@ -608,8 +561,7 @@ class _SiteWork:
         return failures
 
     def verify(self, winner: str, session: GroupSession) -> str:
-        """Screen the stored ``winner`` against the op's own implementation on every
-        rank: "" where it passed, else why not."""
+        """Screen the stored ``winner`` on every rank: "" if it passed, else why."""
         with no_python_dispatcher():
             return screen_stored(
                 self.inputs,
@@ -626,16 +578,14 @@ class _SiteWork:
     def timed_winner(
         self, decision: SiteDecision, voting: GroupSession
     ) -> tuple[tuple[ChoiceTiming, ...], str, str, Confidence | None]:
-        """The group's timings of the key's choices (none where it decided without
-        timing them), the winner, why, and how far the timings can be trusted."""
+        """Timings (none if decided without them), winner, reason and confidence."""
         if decision.action != Action.BENCHMARK:
             return (), decision.choices[0], decision.reason, None
         picked = list(decision.choices)
         site = self.site
         screened = site.incumbent if site.incumbent and site.incumbent.between else None
-        # Lowering runs with the Python dispatcher on; a gloo worker thread would
-        # inherit it and wait for the GIL that this thread holds in wait_tensor
-        # (Inductor's regular benchmarking deadlocks so on gloo collectives).
+        # A gloo worker thread would inherit the Python dispatcher and deadlock on
+        # the GIL this thread holds in wait_tensor.
         with no_python_dispatcher():
             timings, self.phases = benchmark(
                 self.inputs,
@@ -675,9 +625,8 @@ def _settled(
     winner: str,
     confidence: Confidence | None,
 ) -> tuple[Source, str, str]:
-    """Where the decision the group keeps for the key comes from, its winner and why;
-    a benchmarked one is stored on disk too, provisional where it was timed without
-    ``confidence``."""
+    """(source, winner, reason) of the decision the group keeps; a benchmarked one is
+    also stored on disk, provisional where timed without confidence."""
     env = environment(site.group, site.device)
     unsure = confidence is not None and not confidence.settled
     stored = graph_sessions.settle_key(
@@ -741,8 +690,8 @@ def _persistence_on() -> bool:
 
 
 def _persisted(site: CallSite) -> StoredDecision | None:
-    """This rank's stored decision for the site's key, unless persistence is off or
-    re-tuning."""
+    """This rank's stored decision for the key, unless persistence is off or
+    retuning."""
     from torch._inductor import config
 
     if not _persistence_on() or config.collective_autotune_retune:
