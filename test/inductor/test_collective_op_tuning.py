@@ -550,7 +550,7 @@ class TestCollectiveOpTuning(CollectiveTestCase):
                     [choice],
                     torch.ops.cat_test.all_reduce.default,
                     [{}],
-                ) == (False, None)
+                ) == ([choice], False, None)
         warnings = [r for r in caught.records if "not initialised" in r.getMessage()]
         assert len(warnings) == 1
 

@@ -42,11 +42,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import enum
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._inductor.kernel.collective.waits import is_functional_collective, is_wait
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,14 +266,17 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     calls = _calls(gm)
     if config._collective.auto_select or not calls:
         return only_calls_opaque_ops(gm)
-    if not all(_called_as_it_is(op) or _is_functional_collective(op) for op in calls):
+    if not all(
+        _called_as_it_is(op) or is_functional_collective(op) or is_wait(op)
+        for op in calls
+    ):
         return False
     first = _first_input(gm)
     reduced = (
         _all_reduce_of_first_input(gm) if neighbours.input_reduced_in_place else None
     )
     for node in gm.graph.nodes:
-        if not _is_functional_collective(node.target) or _is_wait(node.target):
+        if not is_functional_collective(node.target):
             continue
         if node is reduced:
             continue
@@ -285,19 +290,8 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
     return True
 
 
-# The namespace of the functional collectives (torch.distributed._functional_collectives).
-_FUNCTIONAL_COLLECTIVES = "_c10d_functional"
-
-
-def _is_functional_collective(op: Any) -> bool:
-    return (
-        isinstance(op, torch._ops.OpOverload)
-        and op.namespace == _FUNCTIONAL_COLLECTIVES
-    )
-
-
 def _is_functional_all_reduce(op: Any) -> bool:
-    return _is_functional_collective(op) and op._schema.name.endswith("::all_reduce")
+    return is_functional_collective(op) and op._schema.name.endswith("::all_reduce")
 
 
 def _copies_its_inputs(op: Any) -> bool:
@@ -308,10 +302,6 @@ def _copies_its_inputs(op: Any) -> bool:
 
 
 _COPYING_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast")
-
-
-def _is_wait(op: Any) -> bool:
-    return _is_functional_collective(op) and op._schema.name.endswith("::wait_tensor")
 
 
 def _first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
@@ -369,29 +359,29 @@ def _called_as_it_is(op: Any) -> bool:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """How far to compile a choice for the benchmark: all the way (the module), only
-    lowering it (``lower_only``: the lowered graph), or generating its code now and
-    loading it later (``defer_load``: a function that loads the module)."""
+class Stage(enum.Enum):
+    """How far to compile a choice for the benchmark."""
 
-    lower_only: bool = False
-    defer_load: bool = False
+    # All the way: the module.
+    COMPILE = "compile"
+    # Only lowered: the lowered graph.
+    LOWER = "lower"
+    # Its code generated now: a function that loads the module later.
+    START = "start"
 
-
-COMPILE = Stage()
-LOWER = Stage(lower_only=True)
-START = Stage(defer_load=True)
+    def flags(self) -> dict[str, bool]:
+        """``_compile_for_benchmarking``'s arguments for this stage."""
+        return {"lower_only": self is Stage.LOWER, "defer_load": self is Stage.START}
 
 
 def module_for_benchmark(
-    choice: Any, neighbours: Neighbours, stage: Stage = COMPILE
+    choice: Any, neighbours: Neighbours, stage: Stage = Stage.COMPILE
 ) -> Any:
     """A subgraph ``choice`` compiled for the benchmark at its inputs' sizes, with
     ``neighbours`` fused in (without any, as Inductor compiles its choices: no new
     trace), as far as ``stage`` says."""
     if neighbours == Neighbours():
-        return choice._compile_for_benchmarking(**dataclasses.asdict(stage))
+        return choice._compile_for_benchmarking(**stage.flags())
     return compiled_module(
         choice, neighbours.around(implementation_of(choice)), False, stage
     )
@@ -401,7 +391,7 @@ def compiled_module(
     choice: Any,
     implementation: Callable[..., Any],
     symbolic: bool,
-    stage: Stage = COMPILE,
+    stage: Stage = Stage.COMPILE,
 ) -> Any:
     """``implementation`` (a subgraph choice's, with whatever is around it) traced on
     the choice's inputs and compiled as Inductor compiles its benchmark choices, as far
@@ -417,7 +407,7 @@ def compiled_module(
     twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
     # Compiled as torch 2.13 compiles its choices: the lowering's guards on the sizes'
     # range (32-bit indexing, say) are the model's too.
-    return twin._compile_for_benchmarking(**dataclasses.asdict(stage))
+    return twin._compile_for_benchmarking(**stage.flags())
 
 
 def trace_on_symbolic_sizes(

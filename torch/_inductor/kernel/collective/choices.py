@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import hashlib
 import inspect
 import logging
 import types
@@ -28,6 +27,8 @@ import torch
 from torch._inductor.kernel.collective.detection import names_a_collective, op_name
 from torch._inductor.kernel.collective.records import cleared_with_inductor_caches
 from torch._inductor.kernel.collective.waits import (
+    is_functional_collective,
+    is_wait,
     OwnImplementation,
     Waits,
     dispatchable,
@@ -38,6 +39,7 @@ from torch._inductor.kernel.collective.waits import (
     with_waits,
 )
 from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
+from torch._inductor.runtime.collective_decisions import digest
 from torch.distributed._store_session import describe
 from torch.utils._pytree import tree_map_only
 
@@ -75,7 +77,7 @@ def code_identity(fn: Callable[..., Any]) -> str:
     custom ops it calls. Any change of them is a new identity."""
     parts: list[Any] = []
     _digest_into(fn, parts, set())
-    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+    return digest(repr(parts))
 
 
 def _digest_into(fn: Any, parts: list[Any], seen: set[int]) -> None:
@@ -321,12 +323,34 @@ _traces: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+@dataclasses.dataclass
+class _TraceState:
+    """What tracing one guarded implementation showed: why it raised ("" where it did
+    not), and the traces :func:`traced_once` shares (None: not a collective op's)."""
+
+    failure: str = ""
+    traces: dict[Any, Any] | None = None
+
+
+# Keyed by the wrappers this module makes, never by users' callables.
+_trace_states: weakref.WeakKeyDictionary[Callable[..., Any], _TraceState] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _trace_state(fn: Any) -> _TraceState | None:
+    try:
+        return _trace_states.get(fn)
+    except TypeError:  # None, or a callable without weak references
+        return None
+
+
 def guarded_implementation(
     decomposition: Callable[..., Any], op: torch._ops.OpOverload
 ) -> Callable[..., Any]:
     """``decomposition``, waiting for the functional collectives it did not wait for
     (collective/waits.py:with_waits), and traced as the op itself where it raises while
-    traced, with the reason in its ``trace_failure`` (see :func:`trace_failure`)."""
+    traced, which :func:`trace_failure` then reports."""
     from torch.fx.experimental import symbolic_shapes
 
     # Upstream skips implementations that add guards (it raises these while it
@@ -334,6 +358,7 @@ def guarded_implementation(
     guard_errors = (symbolic_shapes._ShapeEnvGuardError, AssertionError)
     instead = the_op_itself(op, schema_arguments(op))
     waited = with_waits(decomposition, op)
+    state = _TraceState(traces=_shared_traces(decomposition, op))
 
     @functools.wraps(waited)
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -342,7 +367,7 @@ def guarded_implementation(
         except guard_errors:
             raise
         except Exception as e:  # reported to the group by the choice
-            guarded.trace_failure = describe(e)  # type: ignore[attr-defined]
+            state.failure = describe(e)
             log.debug(
                 "implementation %s raised while traced",
                 decomposition.__name__,
@@ -350,8 +375,7 @@ def guarded_implementation(
             )
             return instead(*args, **kwargs)
 
-    guarded.trace_failure = ""  # type: ignore[attr-defined]
-    guarded.traces = _shared_traces(decomposition, op)  # type: ignore[attr-defined]
+    _trace_states[guarded] = state
     return guarded
 
 
@@ -375,88 +399,91 @@ def traced_once(
     kwargs: dict[str, Any],
     input_nodes: Sequence[Any],
 ) -> Callable[..., torch.fx.GraphModule]:
-    """Upstream's ``trace`` of a choice, or of the implementation that won every range
-    of a range-based op (which upstream inlines without a dispatch: make_fx of
-    ``implementation`` with ``kwargs`` on example inputs of the call site's
-    ``input_nodes``), or, for an implementation of a collective op while collective
-    autotuning is on (:func:`guarded_implementation`, :func:`_sharing_traces`), a
-    trace once per graph and input layout: later calls take a copy of the first's
-    trace, and the wrapper of each is marked as tracing marked the first. The winner
-    is inlined from the trace its choice took: a model's layers traced it again each.
-
-    Upstream traces every range of a ladder's choices: torch 2.13 on, each on the same
-    symbolic inputs, to the same graph, so each range after the first (eight by
-    default) traced each implementation again. torch 2.11 traces each range at the
-    range's size, static; there the implementation is traced once on the site's
-    symbolic sizes instead, as torch 2.13 traces it, refusing any guard on them. Where
-    that trace would guard them (the implementation reads its sizes in Python: a
-    ``chunk`` of the dynamic dimension, say; torch 2.13 on skips it) or fails, each
-    range is traced at its size, as upstream does. A new guard of the graph's shape
-    environment (a range graph's range, say) may change what a trace takes, and traces
-    again. Counted in ``counters["inductor"]["collective_autotune_choice_traces"]``."""
-    traces = getattr(implementation, "traces", None)
-    if traces is None:  # not a collective op's implementation
+    """Upstream's ``trace`` of a choice (or of a range-based op's sole winner), made
+    once per graph and input layout for a collective op's implementation while
+    collective autotuning is on: later calls take a copy of the first trace, so a
+    model's layers inline the winner without tracing it again. Counted in
+    ``counters["inductor"]["collective_autotune_choice_traces"]``."""
+    state = _trace_state(implementation)
+    if state is None or state.traces is None:  # not a collective op's implementation
         return trace
-
-    def shared(key: Any, trace_now: Callable[[], torch.fx.GraphModule]) -> Any:
-        """A copy of the trace under ``key`` (``trace_now`` makes it first), the
-        implementation marked as that trace marked it."""
-        from torch._dynamo.utils import counters
-
-        if key not in traces:
-            # Kept with the trace: what the trace marks (see guarded_implementation),
-            # apart from what this range's layout inference marked before it.
-            marked, implementation.trace_failure = implementation.trace_failure, ""
-            try:
-                traces[key] = (trace_now(), implementation.trace_failure)
-            finally:
-                implementation.trace_failure = implementation.trace_failure or marked
-            counters["inductor"]["collective_autotune_choice_traces"] += 1
-        gm, failure = traces[key]
-        implementation.trace_failure = implementation.trace_failure or failure
-        return copied_graph(gm)
 
     def once(*inputs: Any) -> torch.fx.GraphModule:
         from torch._inductor.virtualized import V
         from torch.fx.experimental.symbolic_shapes import free_symbols
 
-        guards = len(V.graph.sizevars.shape_env.guards)
-        # The trace on the site's own sizes (symbolic where they are), which the
-        # site's choices and the winner it inlines share.
+        # A new guard of the graph's shape environment may change what a trace takes.
         site = (
             repr(sorted(kwargs.items())),
             tuple(map(layout_of, input_nodes)),
-            guards,
+            len(V.graph.sizevars.shape_env.guards),
         )
-        at_static_sizes = not free_symbols(list(inputs)) and free_symbols(
+        if not free_symbols(list(inputs)) and free_symbols(
             [n.get_size() for n in input_nodes]
-        )
-        if not at_static_sizes:
-            return shared(site, lambda: trace(*inputs))
-        # torch 2.11, a range of a ladder: the trace on the site's sizes serves every
-        # range; where that trace would guard them, each range is traced at its size.
-        refused = (*site, "guards the site's sizes")
-
-        def size_generic() -> torch.fx.GraphModule:
-            from torch._inductor.kernel.collective.choice_modules import (
-                trace_on_symbolic_sizes,
+        ):
+            # torch 2.11 traces each range of a ladder at the range's size.
+            generic = _traced_on_site_sizes(
+                state, site, implementation, kwargs, input_nodes
             )
-
-            return trace_on_symbolic_sizes(implementation, kwargs, input_nodes)[0]
-
-        if refused not in traces:
-            try:
-                return shared(site, size_generic)
-            except Exception:  # a guard on the sizes, say
-                log.debug(
-                    "%s is traced at each range's size",
-                    implementation.__name__,
-                    exc_info=True,
-                )
-                traces[refused] = None
-        return shared((*site, _layouts(inputs)), lambda: trace(*inputs))
+            if generic is not None:
+                return generic
+            site = (*site, _layouts(inputs))
+        return _shared_trace(state, site, lambda: trace(*inputs))
 
     return once
+
+
+def _shared_trace(
+    state: _TraceState, key: Any, trace_now: Callable[[], torch.fx.GraphModule]
+) -> torch.fx.GraphModule:
+    """A copy of the trace under ``key`` (``trace_now`` makes it first); the
+    implementation marked as that trace marked it."""
+    from torch._dynamo.utils import counters
+
+    assert state.traces is not None
+    if key not in state.traces:
+        # Kept with the trace: what it marks, apart from what this range's layout
+        # inference marked before it.
+        marked, state.failure = state.failure, ""
+        try:
+            state.traces[key] = (trace_now(), state.failure)
+        finally:
+            state.failure = state.failure or marked
+        counters["inductor"]["collective_autotune_choice_traces"] += 1
+    gm, failure = state.traces[key]
+    state.failure = state.failure or failure
+    return copied_graph(gm)
+
+
+def _traced_on_site_sizes(
+    state: _TraceState,
+    site: tuple[Any, ...],
+    implementation: Callable[..., Any],
+    kwargs: dict[str, Any],
+    input_nodes: Sequence[Any],
+) -> torch.fx.GraphModule | None:
+    """The trace on the site's symbolic sizes, shared by every range; None where that
+    trace guards the sizes or fails (each range is then traced at its size)."""
+    from torch._inductor.kernel.collective.choice_modules import (
+        trace_on_symbolic_sizes,
+    )
+
+    assert state.traces is not None
+    refused = (*site, "guards the site's sizes")
+    if refused in state.traces:
+        return None
+    try:
+        return _shared_trace(
+            state,
+            site,
+            lambda: trace_on_symbolic_sizes(implementation, kwargs, input_nodes)[0],
+        )
+    except Exception:  # a guard on the sizes, say
+        log.debug(
+            "%s is traced at each range's size", implementation.__name__, exc_info=True
+        )
+        state.traces[refused] = None
+        return None
 
 
 def layout_of(node: Any) -> tuple[Any, ...]:
@@ -489,8 +516,9 @@ def copied_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 def trace_failure(choice: ChoiceCaller) -> str:
     """Why ``choice`` cannot be used, as tracing shows alike on every rank, or ""."""
-    return getattr(getattr(choice, "decomposition", None), "trace_failure", "") or (
-        unwaited_collective(getattr(choice, "gm", None))
+    state = _trace_state(getattr(choice, "decomposition", None))
+    return (state.failure if state else "") or unwaited_collective(
+        getattr(choice, "gm", None)
     )
 
 
@@ -505,15 +533,10 @@ def unwaited_collective(gm: torch.fx.GraphModule | None) -> str:
     """
     if gm is None:
         return ""
-    wait = torch.ops._c10d_functional.wait_tensor.default
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         target = node.target
-        if (
-            not isinstance(target, torch._ops.OpOverload)
-            or target.namespace != "_c10d_functional"
-            or target is wait
-        ):
+        if not is_functional_collective(target):
             continue
         written = [node]
         if target._schema.is_mutable:  # all_reduce_ and the like write their input too
@@ -522,10 +545,10 @@ def unwaited_collective(gm: torch.fx.GraphModule | None) -> str:
             for user in tensor.users:
                 if (
                     user is not node
-                    and user.target is not wait
+                    and not is_wait(user.target)
                     and order[user] > order[node]
                     and not any(
-                        w.target is wait and order[w] < order[user] for w in node.users
+                        is_wait(w.target) and order[w] < order[user] for w in node.users
                     )
                 ):
                     return (
@@ -707,14 +730,13 @@ def _sharing_traces(
     :func:`traced_once` where it inlines alone, sharing the traces of its ``guarded``
     implementation (the same graph: both wait at the output where its author did not).
     Where one implementation won every range, each site inlines it so."""
-    traces = getattr(guarded, "traces", None)
-    if traces is None:  # not a collective op's implementation, or tuning is off
+    state = _trace_state(guarded)
+    if state is None or state.traces is None:  # tuning is off, or not a collective
         return implementation
 
     @functools.wraps(implementation)
     def shared(*args: Any, **kwargs: Any) -> Any:
         return implementation(*args, **kwargs)
 
-    shared.traces = traces  # type: ignore[attr-defined]
-    shared.trace_failure = ""  # type: ignore[attr-defined]
+    _trace_states[shared] = _TraceState(traces=state.traces)
     return shared

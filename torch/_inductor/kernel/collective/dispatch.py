@@ -1,25 +1,10 @@
-"""Collective ops of dynamic size: the right implementation at every size, one compile.
+"""Collective ops of dynamic size: tuning a ladder of size ranges, dispatching by size.
 
-The best all-reduce depends on the message size (one-shot for small messages,
-two-shot in between, NCCL for the largest), and a serving model compiled once with a
-dynamic token dimension sends all of them. When a collective op's first input has a
-dynamic dimension and the user gave no split points, :func:`dynamic_ladder` gives
-Inductor's range-based custom-op lowering a *ladder* of sizes along that dimension:
-1, r, r^2, ... (``collective_autotune_dynamic_ratio``, default 4) up to the symbol's
-upper bound, or ``collective_autotune_dynamic_max`` (default 16384) where the symbol
-is unbounded. Each range (p_i-1, p_i] is decided at its top size, by the group, as a
-key of its own (so it is reused in the job and kept on disk like any other); neighbour
-ranges with one winner merge, and the generated code dispatches on the size at run
-time (:func:`lower_size_dispatch`: host code in the wrapper, CUDA graphs kept).
-
-Ranges are tuned coarse to fine: the largest and the smallest first, then the middle
-of every gap. Every range is timed against every choice, and keeps the winner of its
-nearest decided range unless another choice is clearly faster at its top size
-(:func:`incumbent`): noise does not buy a dispatch. Where both neighbours chose the same
-winner the range is screened: its sampling stops once no choice is clearly faster than
-that winner, and a choice that wins only between them is still found. Each
-implementation is compiled for the benchmark once, for any size
-(:func:`benchmark_module`), and timed at every range's size.
+The best collective implementation depends on the message size. :func:`dynamic_ladder`
+splits a dynamic dimension into ranges with tops 1, r, r^2, ...; each range is a key of
+its own, decided by the group at its top size, and keeps its nearest decided neighbour's
+winner unless another is clearly faster (:func:`incumbent`). Adjacent ranges with one
+winner merge; :func:`lower_size_dispatch` chooses among the rest by size.
 """
 
 from __future__ import annotations
@@ -37,7 +22,6 @@ from typing import Any
 import sympy
 import torch
 from torch._inductor.kernel.collective.choice_modules import (
-    COMPILE,
     compiled_module,
     implementation_of,
     module_for_benchmark,
@@ -67,10 +51,9 @@ log = logging.getLogger(__name__)
 class Ladder:
     """Where one op call is tuned: sizes of one dimension of its first tensor input."""
 
-    # The first tensor argument's name in the op's schema, and the dimension.
-    tensor_name: str
+    tensor_name: str  # the first tensor argument's name in the op's schema
     dim: int
-    # Range tops in ascending order; the last range is unbounded.
+    # Range tops, ascending; the last range is unbounded.
     points: tuple[int, ...]
     upper_bound: int
 
@@ -86,15 +69,13 @@ class Ladder:
         return [bounds[i] for i in _bisection_order(len(bounds))]
 
 
-# The range names of each ladder in size order and the dimension they divide, by the
-# range name of any of its points, per graph being lowered (they live as long as it).
+# Per graph: any range name -> (its ladder's range names in size order, dimension).
 _ladders: weakref.WeakKeyDictionary[Any, dict[str, tuple[list[str], int]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-# The ladder's upper bound of each dynamic size, per ShapeEnv (one per Dynamo frame
-# compile).
+# Per ShapeEnv (one per frame compile): the ladder's upper bound of each dynamic size.
 _ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
     weakref.WeakKeyDictionary()
 )
@@ -121,14 +102,11 @@ def dynamic_ladder(
     if dim is None or data_dependent_size(tensor_inputs) is not None:
         return None
     settings = BenchmarkSettings.from_config()
-    # The bound as the frame's first site saw it: a range graph's guards (set by that
-    # site's lowering) narrow the symbol's range for the later sites and for the
-    # backward graph (which shares the forward's ShapeEnv), whose ladder must still be
-    # the frame's, whichever range it is compiled for.
+    # The bound the frame's first site saw: later sites and the backward graph must
+    # use the same ladder though range-graph guards have since narrowed the symbol.
     uppers = _ladder_uppers.setdefault(V.graph.sizevars.shape_env, {})
     if str(size[dim]) not in uppers:
         bounds = V.graph.sizevars.shape_env.bound_sympy(size[dim])
-        # Unbounded (torch's int_oo) unless the program bounded the dimension.
         uppers[str(size[dim])] = (
             int(bounds.upper)
             if isinstance(bounds.upper, sympy.Integer)
@@ -155,10 +133,7 @@ def dynamic_ladder(
 
 def data_dependent_size(tensor_inputs: Sequence[Any]) -> Any | None:
     """The first data-dependent (unbacked) size of the op's tensor inputs, or None.
-
-    No choice can be traced for the benchmark at such a size (upstream's
-    SubgraphChoiceCaller refuses one), no size to time it at is known when the graph is
-    compiled, and no guard can choose a range graph by it."""
+    Such a size can be neither traced, timed nor guarded on."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     return next(
@@ -175,28 +150,21 @@ def data_dependent_size(tensor_inputs: Sequence[Any]) -> Any | None:
 def untuned_at_data_dependent_size(
     op: torch._ops.OpOverload, tensor_inputs: Sequence[Any]
 ) -> bool:
-    """Whether this call of ``op``, a collective op, is left untuned because one of its
-    sizes is data-dependent (:func:`data_dependent_size`), warning once: its lowering
-    calls the op's own implementation instead (which upstream's would fail the compile
-    on), on every rank alike, as the size is the program's. So it is with collective
-    autotuning off too: no choice, not even the op's own stand-in, can be traced there."""
+    """Whether collective ``op`` is left untuned, warning once, as a size is
+    data-dependent: its own implementation runs (upstream would fail the compile)."""
     if not names_a_collective(op):
         return False
     size = data_dependent_size(tensor_inputs)
     if size is None:
         return False
-    _warn_untuned(op_name(op), str(size))
-    return True
-
-
-@functools.lru_cache(None)  # once per op and size, as Python's own warnings are
-def _warn_untuned(op: str, size: str) -> None:
-    log.warning(
+    torch._logging.warning_once(
+        log,
         "%s is not tuned where its size %s is data-dependent (unbacked): no choice can "
         "be traced or timed at such a size; the op's own implementation runs",
-        op,
-        size,
+        op_name(op),
+        str(size),
     )
+    return True
 
 
 def range_name(name: str, start: int, end: float) -> str:
@@ -214,9 +182,8 @@ def is_range(name: str) -> bool:
 
 
 def ladder_of(name: str) -> tuple[list[str], int] | None:
-    """The range names, in size order, of the ladder that range ``name`` belongs to in
-    the graph being lowered, and the dimension of the op's first input they divide
-    (None for a range of no ladder: the user's split points)."""
+    """(range names in size order, dimension) of the ladder holding range ``name`` in
+    the graph being lowered; None for user-given split points."""
     from torch._inductor.virtualized import V
 
     return _ladders.get(V.graph, {}).get(name)
@@ -231,26 +198,19 @@ def range_bounds(range_name_: str) -> tuple[int, float]:
 @dataclasses.dataclass(frozen=True)
 class Incumbent:
     """The winner a ladder range keeps unless another choice is clearly faster at its
-    top size (by the benchmark's own test for dropping a choice): one implementation
-    along the ladder needs no size dispatch, and noise must not buy one."""
+    top size, so that noise does not buy a size dispatch."""
 
     winner: str
-    # The top sizes of the decided ranges it won: the nearest below, else above (the
-    # smallest range, timed after the largest), or both where both chose it.
-    won_at: str
-    # Both nearest decided neighbours chose it: the range is only screened, its
-    # sampling stopping once no choice is clearly faster than the incumbent.
+    won_at: str  # top sizes of the decided ranges it won
+    # Both nearest decided neighbours chose it: the range is only screened.
     between: bool
 
 
 def incumbent(
     ladder: Sequence[str], name: str, decided: Callable[[str], str | None]
 ) -> Incumbent | None:
-    """The incumbent of range ``name`` of ``ladder`` (range names in size order):
-    the winner of its nearest decided range below (a range's sizes lie below its top,
-    toward it), else above; None where no range is decided. ``decided`` gives a range's
-    decision by its name (None while undecided). Every range is timed: a choice that
-    wins only between two sizes that agree is found there."""
+    """The winner of the nearest range of ``ladder`` below ``name``, else above, that
+    ``decided`` (range name -> winner or None) gives; None where there is none."""
     below, above = (
         _nearest_decided(ladder, name, decided, -1),
         _nearest_decided(ladder, name, decided, 1),
@@ -264,42 +224,30 @@ def incumbent(
 def _nearest_decided(
     ladder: Sequence[str], name: str, decided: Callable[[str], str | None], step: int
 ) -> tuple[str, str] | None:
-    """(range name, winner) of the nearest decided range of ``ladder`` below (step -1)
-    or above (step 1) range ``name``; None where there is none."""
+    """(range name, winner) of the nearest decided range below (step -1) or above
+    (step 1) range ``name``; None where there is none."""
     i = list(ladder).index(name)
     side = reversed(ladder[:i]) if step < 0 else ladder[i + 1 :]
     return next(((n, w) for n in side if (w := decided(n)) is not None), None)
 
 
-# Benchmark modules of the implementations of range-based ops, per graph being
-# lowered: see benchmark_module. None where an implementation has no size-generic
-# module.
+# Per graph: benchmark_module's modules (None: no size-generic module).
 _benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def benchmark_module(
-    choice: Any, neighbours: Neighbours, stage: Stage = COMPILE
+    choice: Any, neighbours: Neighbours, stage: Stage = Stage.COMPILE
 ) -> Any:
-    """``choice``, an implementation of one range of a range-based op (a
-    SubgraphChoiceCaller; the ladder's ranges or the user's split points), compiled for
-    the benchmark with the call site's ``neighbours``: one module per implementation
-    and graph, for any size of the dynamic dimension, called with each range's own
-    sizes (``choice.sym_input_values``). Counted in
-    ``counters["inductor"]["collective_autotune_range_builds"]``.
-
-    Upstream traces the choices afresh at every range; compiling each of them again
-    cost 0.25-0.4 s per range of four choices on GPUs (every kernel of a choice is
-    compiled anew at each static size), most of the ladder's cost.
-    """
+    """``choice`` (a range's SubgraphChoiceCaller) compiled with ``neighbours`` once per
+    implementation and graph for every size, so ranges do not each recompile it."""
     from torch._dynamo.utils import counters
     from torch._inductor.virtualized import V
 
     implementation = implementation_of(choice)
     key = (
-        # The user's function: the wrapper that adds its waits is made anew at every
-        # range.
+        # The user's function, not its per-range waits wrapper.
         getattr(implementation, "waits_of", (implementation,))[0],
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
@@ -310,34 +258,25 @@ def benchmark_module(
     if key not in modules:
         counters["inductor"]["collective_autotune_range_builds"] += 1
         generic = _size_generic_module(choice, neighbours, stage)
-        # A deferred load is kept as the load itself, done once for every range.
+        # A deferred load runs once for every range.
         modules[key] = (
             functools.cache(generic)
-            if stage.defer_load and generic is not None
+            if stage is Stage.START and generic is not None
             else generic
         )
-    if (
-        modules[key] is None
-    ):  # without a size-generic module: this range's own, at its size
+    if modules[key] is None:
         return module_for_benchmark(choice, neighbours, stage)
     return modules[key]
 
 
 def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> Any:
-    """``choice`` with ``neighbours`` traced once more on its inputs' symbolic sizes and
-    compiled for any size; None where that trace would add guards on them (they would
-    become the model's guards, and the module would be right only at some sizes) or
-    fails.
-
-    torch 2.11 traces a range's choices at the range's size, torch 2.13 on the symbolic
-    sizes but afresh at every range: one trace more per implementation serves both.
-    """
-
+    """``choice`` with ``neighbours`` retraced on symbolic sizes and compiled for any
+    size; None where the trace fails or would add guards on those sizes."""
     try:
         return compiled_module(
             choice, neighbours.around(implementation_of(choice)), True, stage
         )
-    except Exception as e:  # each range's own module is timed instead
+    except Exception as e:  # fall back to a module per range
         log.info(
             "%s is compiled for the benchmark at each range's size: no size-generic "
             "module (%s)",
@@ -349,18 +288,9 @@ def _size_generic_module(choice: Any, neighbours: Neighbours, stage: Stage) -> A
 
 
 def warm_up_sizes(upper: int | None = None) -> list[int]:
-    """A size in every range that the ladder of a dynamic collective op can have, from
-    the top down: ``upper`` (default ``collective_autotune_dynamic_max``; pass the
-    model's own bound where it set one) and the ladder's tops below it, …, r², r, 1.
-
-    A serving engine calls its compiled model once at each, after the first compile,
-    so that every range's graph (collective/range_graphs.py) is compiled before it
-    serves: every merged range holds one of these sizes. Calls at sizes of one range
-    after the first compile nothing. From the top down, each range's graph is compiled
-    at its largest size: Inductor autotunes a graph's kernels at their first launch,
-    for that launch's sizes, and a range's largest steps cost the most (a range graph
-    of 1-64 tokens read +3.1% at 64 tokens compiled at 1 token, +0.7% compiled at 64,
-    against the model with the same kernel written in, on 2 H200s)."""
+    """Sizes to call a compiled model at before serving so that every range graph is
+    compiled: ``upper`` (default ``collective_autotune_dynamic_max``) and the ladder's
+    tops below it, descending so each graph's kernels autotune at its largest size."""
     settings = BenchmarkSettings.from_config()
     top = settings.dynamic_max if upper is None else upper
     return [top, *reversed(_points(settings.dynamic_ratio, top))]
@@ -376,9 +306,8 @@ def _points(ratio: int, upper: int) -> tuple[int, ...]:
 
 
 def _bisection_order(n: int) -> list[int]:
-    """n-1, 0, then the middle of every gap, level by level. The largest sizes first:
-    their timings are the least noisy (whole passes over the data, not launches), so
-    the smallest range's near-tie goes to their winner."""
+    """n-1, 0, then the middle of every gap, level by level: the largest sizes, whose
+    timings are least noisy, decide first."""
     if n <= 2:
         return list(reversed(range(n)))
     order, gaps = [n - 1, 0], [(0, n - 1)]
@@ -413,32 +342,12 @@ def lower_size_dispatch(
     runtime_kwargs: dict[str, Any],
     tensor_inputs: Sequence[Any],
 ) -> Any:
-    """The winner of a range-based collective op for the size range this graph is
-    compiled for, or its winners dispatched by size inside the graph; None for any
-    other op, or where one implementation won every range.
+    """The winner of a range-based collective op for this graph's size range, or its
+    winners dispatched by size inside the graph; None for other ops or one winner.
 
-    ``impl_groups`` are upstream's RangeImplGroups: an implementation (``impl_func``,
-    ``impl_kwargs``) and the ranges it won. Where the graph can be compiled per range
-    (collective/range_graphs.py: Dynamo's guards choose the graph) the site inlines its
-    range's winner alone, with no dispatch. Elsewhere the dispatch differs from
-    upstream's in three things, each of which broke a serving model with several layers:
-
-    * One comparison per branch, ``size <= top``, along the ranges in size order
-      (a range merged with a non-adjacent one of the same winner is a branch of its
-      own). Upstream ORs the ranges of a winner together; traced inside an outer
-      branch, those compound predicates lift scalar tensors into the branch, which
-      Inductor's lowering of ``_local_scalar_dense`` cannot take.
-    * The branches' subgraphs are named by the call site. Upstream's are
-      ``true_graph_0`` / ``false_graph_0`` at every call site, and Inductor writes
-      one function per subgraph name: a second site whose branch takes other
-      operands called the first site's function (``too many values to unpack``).
-    * CUDA graphs stay on. Inductor turns them off for the whole graph at a
-      ``torch.cond`` over device tensors, and keeps the cond out of CUDA-graph
-      partitions, because a predicate read from device data can change between
-      replays. This predicate reads sizes only: CUDA-graph trees record one graph per
-      distinct size, in which the branch taken is fixed (the overlay's edits of the
-      cond lowering and of ``Scheduler.should_partition`` say so upstream).
-    """
+    Unlike upstream: one ``size <= top`` test per branch (OR-ed predicates lift
+    scalars Inductor cannot lower), branch subgraphs named per site (Inductor emits
+    one function per subgraph name), and CUDA graphs kept (it reads sizes only)."""
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
 
     if len(impl_groups) < 2 or not names_a_collective(op):
@@ -459,9 +368,7 @@ def _dispatch_of_this_graph(
     runtime_kwargs: dict[str, Any],
     tensor_inputs: Sequence[Any],
 ) -> torch.fx.GraphModule:
-    """The traced dispatch of :func:`lower_size_dispatch`: the winner of the range this
-    graph is compiled for alone, or the winners of the ranges its sizes can lie in
-    dispatched by size; logged and recorded (``collective_autotune_size_paths()``)."""
+    """The traced dispatch of :func:`lower_size_dispatch`, logged and recorded."""
     from torch._dynamo.utils import counters
     from torch._inductor.virtualized import V
 
@@ -515,15 +422,15 @@ def _dispatch_of_this_graph(
     return dispatch
 
 
-# How each call site of the graph being lowered runs its sizes, by the op's name.
+# Per graph: how each call site, by op name, runs its sizes.
 _size_paths: weakref.WeakKeyDictionary[Any, dict[str, SizePathRecord]] = (
     weakref.WeakKeyDictionary()
 )
 
 
 def size_path_of(graph: Any, range_op: str) -> SizePathRecord | None:
-    """How the call site that range ``range_op`` belongs to ran its sizes in ``graph``
-    (a GraphLowering); None where none of its sites was of dynamic size."""
+    """How the call site of range ``range_op`` ran its sizes in ``graph`` (a
+    GraphLowering); None where it had no dynamic size."""
     return _size_paths.get(graph, {}).get(range_op.rsplit("_range_", 1)[0])
 
 
@@ -536,8 +443,7 @@ def _described(winners: Sequence[tuple[float, str]]) -> str:
 def _reachable(
     branches: list[tuple[float, Any]], low: float, high: float
 ) -> list[tuple[float, Any]]:
-    """The branches whose sizes meet (low, high], the sizes a graph can run at: an
-    engine's compile range or the program's bounds leave the others unreachable."""
+    """The branches whose sizes meet (low, high], the sizes the graph can run at."""
     bottoms = [0.0, *(top for top, _ in branches[:-1])]
     return [
         branch
@@ -547,8 +453,8 @@ def _reachable(
 
 
 def _branches(impl_groups: Sequence[Any]) -> list[tuple[float, Any]]:
-    """(top of the branch's sizes, implementation), in size order: neighbouring
-    ranges of one implementation merged."""
+    """(top size, implementation) in size order, adjacent ranges of one implementation
+    merged."""
     branches: list[tuple[float, Any]] = []
     for bounds, group in sorted(
         ((r, g) for g in impl_groups for r in g.ranges), key=lambda rg: rg[0].start
@@ -579,11 +485,8 @@ def _dispatch_from(
     rest = _dispatch_from(branches, i + 1, dim, runtime_kwargs)
 
     def choose(*tensors: Any) -> Any:
-        # The higher-order op itself, traced by make_fx with its branches: torch.cond
-        # would compile a wrapper of it with Dynamo, a nested compile whose cache
-        # outlives this graph (a later graph's guard check against it evaluated guards
-        # on this graph's frozen shape environment) and which, on torch 2.11, cleared
-        # the outer compile's event log under aot_compile. Its branches return tuples.
+        # The HOP, not torch.cond, which would nest a Dynamo compile whose cache
+        # outlives this graph. Branches must return tuples.
         out = torch.ops.higher_order.cond(
             tensors[0].size(dim) <= top,
             lambda *t: _as_tuple(taken(*t)),
@@ -599,7 +502,6 @@ def _as_tuple(out: Any) -> tuple[Any, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-# The traced dispatches of each graph being lowered, by what they were traced from.
 _traced_dispatches: weakref.WeakKeyDictionary[
     Any, dict[tuple[Any, ...], torch.fx.GraphModule]
 ] = weakref.WeakKeyDictionary()
@@ -612,11 +514,8 @@ def _traced_dispatch_of(
     runtime_kwargs: dict[str, Any],
     tensor_inputs: Sequence[Any],
 ) -> torch.fx.GraphModule:
-    """The dispatch among ``branches``, traced once per graph for every call site of
-    ``op`` that dispatches alike on inputs of the same sizes (a model's layers): a
-    copy of the first site's trace, whose branches it shares. Tracing the nested
-    torch.cond costs 0.1 s per site on GPUs (0.3 s on CPUs), inlining it a tenth.
-    Counted in ``counters["inductor"]["collective_autotune_dispatch_traces"]``."""
+    """The dispatch among ``branches``, traced once per graph and copied for every
+    call site that dispatches alike on inputs of the same sizes (a model's layers)."""
     from torch._dynamo.utils import counters
     from torch._inductor.virtualized import V
 
@@ -636,7 +535,7 @@ def _traced_dispatch_of(
         traced[key] = _traced_dispatch(
             _dispatch_from(branches, 0, dim, runtime_kwargs), tensor_inputs
         )
-    # The graph copied: each site renames its branches.
+    # Copied: each site renames its branches.
     return copied_graph(traced[key])
 
 
@@ -656,11 +555,10 @@ def _traced_dispatch(
 
 
 def _name_branches_by_site(dispatch: torch.fx.GraphModule, name: str) -> None:
-    """Rename the branches' subgraphs of ``dispatch`` after the call site of
-    ``name``."""
+    """Rename ``dispatch``'s branch subgraphs after the call site of ``name``."""
     from torch._inductor.virtualized import V
 
-    # Unique in the graph being lowered: the operations so far differ at every site.
+    # The operation count makes the name unique per site.
     site = re.sub(r"\W", "_", f"{name}_{len(V.graph.operations)}")
     for node in dispatch.graph.find_nodes(op="get_attr"):
         branch = getattr(dispatch, node.target)

@@ -162,35 +162,12 @@ def prepare_choices(
 ]:
     """Ready an op's inputs and implementations before its choices are traced.
 
-    Inputs are realized: an unrealized (pointwise) input has no strides for the
-    layout inference of the choices. What the call site fuses with in the model is
-    read first: the choices are timed with it. Each implementation is guarded: one that
-    raises while traced (a capability check, say) is traced as the op itself instead and
-    marked, so that the choice list stays the same on every rank and the group drops
-    that choice everywhere, naming the rank and the reason, instead of this rank
-    dying alone while its peers wait. Where the op's group decided the call site's
-    key already, only the winner is traced (and the first implementation, whose
-    arguments upstream gives the op's own implementation): a model's hundredth
-    layer costs no more to compile than an untuned one. Where an earlier call site of
-    the graph settled a range of a dynamic op, or the range lies outside the sizes a
-    range graph is compiled for, nothing is traced: the range's winner is all that the
-    range-based lowering reads of it.
-
-    A collective op whose size is data-dependent (unbacked) is not tuned: none of its
-    implementations is traced, and upstream's lowering calls the op's own, with the
-    first implementation's arguments (it would otherwise fail the compile: no choice
-    can be traced at such a size); :func:`select_collective_choice` takes that one
-    choice without a session, waited for where the op's body leaves its output
-    unwaited (torch 2.11 lowers the op as itself before: :func:`lowered_once`).
-
-    While collective autotuning is off every rank runs a collective op's own
-    implementation, so none of the op's implementations is traced: only the stand-in
-    for the first, whose arguments upstream gives the op's own (as where the group
-    decided the key for the op's own already). Tracing them all at every call site
-    made a model compiled with the knob off slower to compile than a tuned one.
-
-    Returns the implementations, their arguments and their config patches to trace,
-    and the winner of a range settled so (None otherwise), to return untraced.
+    Returns the implementations to trace (each guarded: one that raises while traced
+    is traced as the op itself and dropped by the whole group), their arguments and
+    config patches, and the winner of a range already settled (None otherwise), to
+    return untraced. Where the group decided the key already, or collective autotuning
+    is off, only the winner (or the op's own stand-in) is traced; at a data-dependent
+    size nothing is (upstream lowers the op's own implementation).
     """
     if untuned_at_data_dependent_size(op, inputs):
         _realize(inputs)
@@ -215,20 +192,10 @@ def prepare_choices(
         min_speedup_threshold,
         benchmark_with_cudagraphs,
     )
-    outside = selection.range_outside_this_graph(site) if site is not None else None
-    settled = (
-        selection.settled_range(site) if site is not None and outside is None else None
-    )
-    if settled is not None:
-        _keep(settled)
-    if outside is not None or settled is not None:
+    known = _known_range_winner(site)
+    if known is not None:
         winner = _range_winner(
-            outside or settled.winner,
-            labels,
-            decompositions,
-            non_tensor_args,
-            config_patches_list,
-            op,
+            known, labels, decompositions, non_tensor_args, config_patches_list, op
         )
         return list(decompositions), list(non_tensor_args), config_patches_list, winner
     decided = selection.decided_before_tracing(site) if site is not None else None
@@ -267,6 +234,21 @@ def _prepare_site(
     if site is not None:
         dynamo_callbacks.install(compiling=True)
     return labels, site
+
+
+def _known_range_winner(site: selection.CallSite | None) -> str | None:
+    """The winner of the site's range where the range lies outside the sizes this graph
+    is compiled for, or an earlier call site of the graph settled it; else None."""
+    if site is None:
+        return None
+    outside = selection.range_outside_this_graph(site)
+    if outside is not None:
+        return outside
+    settled = selection.settled_range(site)
+    if settled is None:
+        return None
+    _keep(settled)
+    return settled.winner
 
 
 def _switched_off(op: torch._ops.OpOverload) -> bool:
@@ -348,22 +330,23 @@ def _to_trace(
 
 def detect_collective(
     name: str,
-    choices: list[ChoiceCaller],
+    choices: Sequence[ChoiceCaller],
     op_overload: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
-) -> tuple[bool, ProcessGroup | None]:
-    """Whether the op's choices communicate, and over which process group.
+) -> tuple[list[ChoiceCaller], bool, ProcessGroup | None]:
+    """The op's choices to autotune, whether they communicate, and over which process
+    group.
 
     The group comes from the collectives' group argument, else from the op's own
     ``group`` / ``group_name`` / ``process_group`` argument, else WORLD; choices on
     several groups synchronise over the smallest known group containing them all.
     Returns ``(False, None)``, with one warning, where collective tuning cannot
-    apply because torch.distributed is not initialised. For a collective op, also
-    makes the op's own implementation a complete choice (see
-    choices.complete_default_choice); ``name`` is the op's autotuning name.
-    An op tuned the regular way loses the choices whose implementation raised while
-    traced.
+    apply because torch.distributed is not initialised. For a collective op, the op's
+    own implementation is made a complete choice (choices.complete_default_choice;
+    ``name`` is the op's autotuning name). An op tuned the regular way loses the
+    choices whose implementation raised while traced.
     """
+    choices = list(choices)
 
     # Untuned at a data-dependent size (prepare_choices): the op's own, its one choice,
     # taken without a session (select_collective_choice); a collective all the same, so
@@ -371,15 +354,17 @@ def detect_collective(
     inputs = getattr(choices[0], "input_nodes", ()) if choices else ()
     if untuned_at_data_dependent_size(op_overload, inputs):
         check_own_implementation(op_overload, inputs, non_tensor_args)
-        return True, None
+        return choices, True, None
     initialised = process_group_initialized()
     collective, groups = _communication(
         choices, op_overload, non_tensor_args, initialised
     )
     if collective and not initialised:
-        _warn_once(
-            f"{op_name(op_overload)} is a collective op but torch.distributed is not "
-            "initialised: it is autotuned like any other op, on this rank alone"
+        torch._logging.warning_once(
+            log,
+            "%s is a collective op but torch.distributed is not initialised: it is "
+            "autotuned like any other op, on this rank alone",
+            op_name(op_overload),
         )
         collective = False
     if not collective:
@@ -389,18 +374,19 @@ def detect_collective(
                 choice_label(choice, op_overload),
                 trace_failure(choice),
             )
-            choices.remove(choice)
-        return False, None
+        return [c for c in choices if not trace_failure(c)], False, None
     complete_default_choice(name, choices, op_overload, non_tensor_args)
     group = _synchronised_group(op_overload, groups, non_tensor_args)
     if group.size() == 1:
         # Inductor's regular benchmarking would deadlock on gloo here (see
         # select_collective_choice); a session of one rank costs nothing.
-        _warn_once(
-            f"{op_name(op_overload)} runs on a process group of one rank: nothing to "
-            "synchronise, it is timed without waiting for peers"
+        torch._logging.warning_once(
+            log,
+            "%s runs on a process group of one rank: nothing to synchronise, it is "
+            "timed without waiting for peers",
+            op_name(op_overload),
         )
-    return True, group
+    return choices, True, group
 
 
 def _synchronised_group(
@@ -643,9 +629,3 @@ def _keep(record: CollectiveAutotuneRecord) -> None:
     )
     if dist.get_rank() == record.group_ranks[0]:
         table_log.info("%s", format_record(record))
-
-
-# Each warning once per process, as Python's own warnings are by default.
-@functools.lru_cache(None)
-def _warn_once(message: str) -> None:
-    log.warning(message)

@@ -1,18 +1,14 @@
-"""Timing a key's choices on this rank, in lockstep with its group, and the winner.
+"""Building and timing a key's choices in lockstep with the group; picking a winner.
 
-Once the group agreed to benchmark a key (kernel/collective/graph_sessions.py), each
-rank compiles its choices (:func:`build`: with the call site's pointwise neighbours, or
-for any size where the key is a range of a dynamic op), makes the benchmark inputs as
-Inductor makes them (in symmetric memory where a choice needs it), and hands one runner
-per choice to runtime/collective_benchmarking's CollectiveBenchmarker
-(:func:`benchmark`). The timings it returns are identical on every rank, and so is the
-winner :func:`pick` takes from them.
+Once the group agreed to benchmark a key (graph_sessions.py), each rank compiles its
+choices (:func:`build`), makes the inputs as Inductor does and times one runner per
+choice with CollectiveBenchmarker (:func:`benchmark`). Its timings, and so the winner
+:func:`pick` takes, are identical on every rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -23,13 +19,12 @@ from torch._inductor import config
 from torch._inductor.kernel.collective import dispatch
 from torch._inductor.kernel.collective.dispatch import Incumbent
 from torch._inductor.kernel.collective.choice_modules import (
+    Stage,
     AfterOwnedInput,
     costs_alike_uncompiled,
     eager_module,
-    LOWER,
     module_for_benchmark,
     Neighbours,
-    START,
 )
 from torch._inductor.kernel.collective.choices import (
     DEFAULT,
@@ -60,9 +55,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkInputs:
-    """What Inductor makes a call site's benchmark inputs from: the
-    AlgorithmSelectorCache (its ``get_inputs``), the site's input nodes, its output
-    layout and the op's input generators."""
+    """What Inductor makes a call site's benchmark inputs from (see
+    ``AlgorithmSelectorCache.get_inputs``)."""
 
     selector: Any
     input_nodes: list[Any]
@@ -73,35 +67,26 @@ class BenchmarkInputs:
 def timing_mode(
     settings: BenchmarkSettings, device: torch.device, cudagraphs: bool
 ) -> TimingMode:
-    """How to time: as the model runs, or in CUDA graphs where the op was registered
-    with ``benchmark_with_cudagraphs``."""
+    """How to time: as the model runs, or in CUDA graphs where the op asked for it."""
     if cudagraphs and settings.mode == "auto":
         if device.type == "cuda":
             return TimingMode.GRAPH
-        _warn_cudagraphs_on_cpu()
+        torch._logging.warning_once(
+            log, "benchmark_with_cudagraphs has no effect on CPU: CUDA graphs need CUDA"
+        )
     return settings.timing_mode(device)
 
 
-@functools.lru_cache(None)  # once per process, as Python's own warnings
-def _warn_cudagraphs_on_cpu() -> None:
-    log.warning("benchmark_with_cudagraphs has no effect on CPU: CUDA graphs need CUDA")
-
-
 def timed_with(neighbours: Neighbours, choices: Sequence[ChoiceCaller]) -> Neighbours:
-    """The neighbours to time a site's choices with: none where a choice calls
-    symmetric-memory ops in its graph, whose inputs the benchmark places in symmetric
-    memory itself (a stand-in producer's output would not be). The same on every
-    rank: it reads the traced graphs."""
+    """The neighbours to time ``choices`` with: none where a choice needs symmetric
+    memory, as a stand-in producer's output would not be in it. Rank-independent."""
     return (
         Neighbours() if any(needs_symmetric_memory(c) for c in choices) else neighbours
     )
 
 
-# A benchmark module's pointwise kernels get one launch config (the first of those
-# Inductor would try), not the several it times at a kernel's first launch: 50-90 ms a
-# kernel, one after another, inside the choices' first calls. Every compiled choice's
-# neighbours and copies get the same one; the model's own kernels, the inlined
-# winner's included, are tuned as before.
+# Benchmark modules' pointwise kernels take one launch config instead of autotuning
+# at first launch, identically for every choice; the model's own kernels still tune.
 _BENCHMARK_MODULE_CONFIG = {"triton.autotune_pointwise": False}
 
 
@@ -112,14 +97,11 @@ def build(
     neighbours: Neighbours,
     mode: TimingMode,
 ) -> dict[str, str]:
-    """Compile ``choices`` (by label) of op ``name`` for benchmarking in timing
-    ``mode``, with ``neighbours`` fused in; why each one that cannot run here fails (""
-    if it can).
+    """Compile ``choices`` (by label) for benchmarking with ``neighbours`` fused in;
+    returns why each one that cannot run here failed.
 
-    In two passes: every choice is lowered and its code generated first, so that the
-    kernels of all of them compile together in Inductor's worker pool; then each module
-    is loaded, waiting for its kernels. (Compiled one after the other, a key's choices
-    cost the sum of their compiles.)"""
+    Two passes (generate all code, then load) so that every choice's kernels compile
+    together in Inductor's worker pool."""
     finishes: dict[str, Callable[[], None]] = {}
     failures: dict[str, str] = {}
     traced = timed_as_traced(choices, device, neighbours, mode)
@@ -144,21 +126,12 @@ def timed_as_traced(
     neighbours: Neighbours,
     mode: TimingMode,
 ) -> set[str]:
-    """The subgraph ``choices`` (by label) to time as traced, with ``neighbours``'
-    stand-ins run eagerly around them (choice_modules.eager_module), rather than
-    compiled with them. The same on every rank that traced the same choices: it reads
-    the traced graphs (a choice that one rank could not trace, the group drops).
+    """The subgraph ``choices`` to time as traced (choice_modules.eager_module)
+    rather than compiled; rank-independent, as it reads only the traced graphs.
 
-    On a CPU every one (eager_module says why). On a GPU, those whose compile would
-    put nothing more on the device (costs_alike_uncompiled): in graph mode each such
-    choice, a CUDA graph's replay costing what its kernels cost on the device; in the
-    default mode all of them or none. There the host launches each kernel, and an
-    eager stand-in launches cheaper than a Triton kernel: a key whose choices were
-    timed some compiled and some as traced once took a choice 38% slower in the model
-    (a host-bound step). Timed all alike, each choice pays the same launches for the
-    same neighbours, as in the model, where every choice's neighbours are the model's
-    own kernels; a choice with pointwise work of its own must be compiled to be timed
-    as it runs, and then so are the others."""
+    On CPU, all. On GPU, those that compiling would not change on the device
+    (costs_alike_uncompiled); outside graph mode all or none, so that every choice
+    pays the same host launch costs for its neighbours."""
     subgraphs = {
         label: choice.gm for label, choice in choices.items() if _is_subgraph(choice)
     }
@@ -175,8 +148,7 @@ def timed_as_traced(
 
 
 def _is_subgraph(choice: ChoiceCaller) -> bool:
-    """Whether ``choice`` is a traced subgraph that Inductor compiles for its benchmark
-    (the op's own implementation is called as it is)."""
+    """Whether ``choice`` is a traced subgraph Inductor compiles for benchmarking."""
     return getattr(choice, "gm", None) is not None and hasattr(
         choice, "_compile_for_benchmarking"
     )
@@ -189,10 +161,8 @@ def _start(
     neighbours: Neighbours,
     as_traced: bool,
 ) -> Callable[[], None]:
-    """Start building ``choice``, compiled or (``as_traced``) only lowered, to be
-    timed as traced (:func:`timed_as_traced`, counted in
-    ``counters["inductor"]["collective_autotune_uncompiled_choices"]`` on GPUs); the
-    function that finishes it (its module loaded)."""
+    """Start building ``choice`` (only lowered where ``as_traced``); returns the
+    function that finishes it by loading its module."""
     from torch._dynamo.utils import counters
 
     if needs_symmetric_memory(choice) and device.type != "cuda":
@@ -208,14 +178,13 @@ def _start(
     if as_traced:
         if device.type == "cuda":
             counters["inductor"]["collective_autotune_uncompiled_choices"] += 1
-        # Lowered (a choice that cannot be compiled is dropped now, not found when
-        # the winner is inlined), and timed as traced.
-        compile_choice(choice, neighbours.fused, LOWER)
+        # Lowered anyway, so a choice that cannot compile is dropped now.
+        compile_choice(choice, neighbours.fused, Stage.LOWER)
         module = eager_module(choice, neighbours)
         choice._compiled_module = module  # type: ignore[attr-defined]
         return lambda: None
     with config.patch(_BENCHMARK_MODULE_CONFIG):
-        load = compile_choice(choice, neighbours.fused, START)
+        load = compile_choice(choice, neighbours.fused, Stage.START)
 
     def finish() -> None:
         module = load() if callable(load) else load
@@ -241,8 +210,8 @@ def _prepared_inputs(
     neighbours: Neighbours,
     mutable: Sequence[int],
 ) -> tuple[list[Candidate], ScreenInputs]:
-    """The candidates ``names`` (labels of ``by_label``) on benchmark inputs made as
-    Inductor makes them (in symmetric memory where a choice needs it)."""
+    """The candidates ``names`` and the inputs they run on, in symmetric memory where
+    a choice needs it."""
     choices = [by_label[n] for n in names]
     args = inputs.selector.get_inputs(
         choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns
@@ -277,10 +246,9 @@ def benchmark(
     mutable: Sequence[int] = (),
     incumbent: str | None = None,
 ) -> tuple[list[ChoiceTiming], dict[str, float]]:
-    """The group's timings of the choices ``names`` (labels of ``by_label``), in
-    lockstep with its other ranks in ``session``, and the seconds each step of the
-    benchmark took on this rank. Sampling stops early once no choice is clearly faster
-    than ``incumbent`` (a screened ladder range's)."""
+    """The group's timings of ``names``, taken in lockstep in ``session``, and this
+    rank's seconds per benchmark phase. Stops early once no choice is clearly faster
+    than ``incumbent``."""
     candidates, screened = _prepared_inputs(
         inputs, by_label, names, process_group, session, neighbours, mutable
     )
@@ -309,8 +277,8 @@ def screen_stored(
     neighbours: Neighbours,
     mutable: Sequence[int] = (),
 ) -> str:
-    """Screen a kept ``winner`` against the op's own implementation on every rank, in
-    lockstep: "" where it passed, else why not (the same words on every rank)."""
+    """Screen a stored ``winner`` against the op's own implementation in lockstep:
+    "" where it passed, else why not (identical on every rank)."""
     names = [DEFAULT, winner]
     candidates, screened = _prepared_inputs(
         inputs, by_label, names, process_group, session, neighbours, mutable
@@ -325,10 +293,9 @@ def screen_stored(
 def _runner(
     choice: ChoiceCaller, inputs: list[torch.Tensor], neighbours: Neighbours
 ) -> Callable[[], torch.Tensor]:
-    """One call of ``choice`` on ``inputs`` with ``neighbours`` around it, returning
-    its output."""
+    """One call of ``choice`` on ``inputs`` with ``neighbours`` around it."""
     module = getattr(choice, "_compiled_module", None)
-    if module is not None:  # a subgraph choice, compiled by build with its neighbours
+    if module is not None:  # compiled by build() with its neighbours
         sym_inputs = list(choice.sym_input_values)  # type: ignore[attr-defined]
         return lambda: module.call([*sym_inputs, *inputs])[0]
     kernel = choice.to_callable()
@@ -345,14 +312,12 @@ def _runner(
             return out
 
     else:
-        # The op's own implementation: waited for where its body leaves that to the
-        # caller.
+        # Wait here where the op leaves waiting to its caller.
         call = waited_call(
             kernel,
             own_waits(getattr(getattr(choice, "choice", None), "op_overload", None)),
         )
-    # The op's own implementation runs as an opaque call in the model, its
-    # neighbours as kernels of their own: so here.
+    # As in the model: the op is an opaque call, its neighbours separate kernels.
     with_neighbours = neighbours.around(call)
     return lambda: with_neighbours(*inputs)
 
@@ -360,11 +325,10 @@ def _runner(
 def _move_to_symmetric_memory(
     inputs: list[torch.Tensor], group: ProcessGroup, session: CollectiveSession
 ) -> bool:
-    """Replace ``inputs`` by copies in symmetric memory of ``group`` (all ranks at
-    once)."""
+    """Replace ``inputs`` by copies in ``group``'s symmetric memory; collective.
+    False, on every rank, where any rank could not."""
     from torch.distributed import _symmetric_memory as symm_mem
 
-    # Each rank votes why it could not (None: it could).
     why_not: str | None = None
     moved = list(inputs)
     try:
@@ -375,7 +339,7 @@ def _move_to_symmetric_memory(
                 buf = symm_mem.empty(t.shape, dtype=t.dtype, device=t.device)
                 symm_mem.rendezvous(buf, group.group_name)
                 moved[i] = buf.copy_(t)
-    except Exception as e:  # whatever it raised: the group votes, and says why
+    except Exception as e:  # reported through the vote
         why_not = f"{type(e).__name__}: {e}"[:500]
     votes = session.vote("symmetric_memory", why_not)
     failed = {r: why for r, why in enumerate(votes) if why is not None}
@@ -404,11 +368,9 @@ def pick(
     min_speedup_threshold: float,
     incumbent: Incumbent | None = None,
 ) -> tuple[str, str]:
-    """The winner and why. ``incumbent``: for a ladder range, the winner of its nearest
-    decided ranges, which keeps this range unless the fastest here is clearly faster
-    (by more than their samples' spread): switching implementations along the ladder
-    costs a size dispatch, so noise must not decide it."""
-    # The vector is identical on every rank; min() keeps the first of equal times.
+    """The winner and why. A ladder range keeps ``incumbent`` unless another choice
+    is clearly faster: a switch costs a size dispatch, so noise must not decide it."""
+    # Timings are identical on every rank; min() breaks ties by order.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
         return (
@@ -422,8 +384,6 @@ def pick(
         and incumbent.winner in names
     ):
         kept = names.index(incumbent.winner)
-        # (A kept choice that failed has infinite quartiles: anything is clearly
-        # faster.)
         if not timings[best].clearly_faster_than(timings[kept]):
             because = (
                 f"{names[best]} is not clearly faster at this range's top size on "
@@ -433,7 +393,6 @@ def pick(
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
-    # A threshold of 1 asks for the fastest, a tie above included.
     if (
         min_speedup_threshold > 1.0
         and names[best] != DEFAULT

@@ -47,8 +47,13 @@ def is_functional_collective(func: Any) -> bool:
     return (
         isinstance(func, torch._ops.OpOverload)
         and func.namespace == "_c10d_functional"
-        and func is not _wait_op()
+        and not is_wait(func)
     )
+
+
+def is_wait(func: Any) -> bool:
+    """Whether ``func`` is the functional collectives' ``wait_tensor``."""
+    return func is _wait_op()
 
 
 class WaitBeforeRead(TorchDispatchMode):
@@ -158,13 +163,33 @@ def with_waits(
             out = tree_map_only(torch.Tensor, lambda t: mode.wait(t, AT_OUTPUT), out)
         _found[implementation] = Waits.of(mode.added)
         if mode.added:
-            _say_once(
-                op_name(op), getattr(implementation, "__name__", ""), tuple(mode.added)
+            _say_waited(
+                op_name(op), getattr(implementation, "__name__", ""), mode.added
             )
         return out
 
-    waited.waits_of = (implementation, op)  # type: ignore[attr-defined]
+    _waited[waited] = (implementation, op)
     return waited
+
+
+# Each wrapper with_waits made, with what it wraps.
+_waited: weakref.WeakKeyDictionary[
+    Callable[..., Any], tuple[Callable[..., Any], Any]
+] = weakref.WeakKeyDictionary()
+
+
+def _wrapped_by_with_waits(fn: Any) -> tuple[Callable[..., Any], Any] | None:
+    """The implementation and op of the with_waits wrapper that ``fn`` is or wraps
+    (functools.wraps), or None."""
+    while fn is not None:
+        try:
+            found = _waited.get(fn)
+        except TypeError:  # a callable without weak references
+            return None
+        if found is not None:
+            return found
+        fn = getattr(fn, "__wrapped__", None)
+    return None
 
 
 def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -175,9 +200,10 @@ def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     alike). Resolved before the dispatch is traced, so its branches are plain calls."""
     from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
 
-    if not hasattr(fn, "waits_of"):
+    wrapped = _wrapped_by_with_waits(fn)
+    if wrapped is None:
         return fn
-    implementation, op = fn.waits_of
+    implementation, op = wrapped
     found = _found.get(implementation, Waits.NONE)
     if found is Waits.READS:
         raise CollectiveAutotuneError(
@@ -191,9 +217,9 @@ def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return waited_call(implementation, found)
 
 
-@functools.lru_cache(None)  # once per process, as Python's own warnings
-def _say_once(op: str, implementation: str, added: tuple[str, ...]) -> None:
-    log.warning(
+def _say_waited(op: str, implementation: str, added: Sequence[str]) -> None:
+    torch._logging.warning_once(
+        log,
         "collective autotuning: %s's implementation %s %s; Inductor waits for the "
         "collective there, so that every rank gets the same result",
         op,
@@ -268,7 +294,7 @@ def trace_own_implementation(
             "reading it"
         )
     if mode.added:
-        _say_once(op_name(op), "(its own)", tuple(mode.added))
+        _say_waited(op_name(op), "(its own)", mode.added)
     _own[body] = OwnImplementation(
         Waits.of(mode.added), tuple(dict.fromkeys(mode.groups))
     )
