@@ -47,6 +47,11 @@ from torch._inductor.kernel.collective.hooks import collective_autotune_records
 from torch.testing._internal.common_utils import subtest, TestCase
 
 
+# For code that runs outside a test method (a rank's body, a helper it calls):
+# check.assertEqual(...) and the rest, as a test method's self.assertEqual(...).
+check = TestCase()
+
+
 class CollectiveTestCase(TestCase):
     """A test case with an empty folder of its own, ``self.tmp_path``, for the caches
     and decisions its ranks keep (removed after the test)."""
