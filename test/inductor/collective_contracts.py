@@ -754,7 +754,7 @@ def _unchecked_guards_seen(compile_model: Callable[[Callable], Any]) -> list[Any
 
 def check_backends_see_whether_guards_are_checked() -> None:
     """A backend sees the hooks of the frame Dynamo compiles
-    (convert_frame.compiling_frame_hooks, patch 0007) and the frame's SHAPE_ENV guard in
+    (convert_frame.compiling_frame_hooks, patch 0010) and the frame's SHAPE_ENV guard in
     its tracing context; make_guard_filter_entry builds that guard's entry without a
     builder, and the guard filters keep or drop it; aot_compile's backend call and a
     backend's own tracing context have neither (range_graphs.unchecked_guards)."""
@@ -1386,7 +1386,7 @@ def break_inline_subgraphs() -> contextlib.AbstractContextManager[Any]:
 
 def check_inlining_asks_the_hooks() -> None:
     """inline_subgraph_to_ir_nodes inlines the graph that collective autotuning's
-    ``hooks.to_inline(gm, inputs)`` gives for ``gm`` (patch 0006: an all-reduce of an
+    ``hooks.to_inline(gm, inputs)`` gives for ``gm`` (patch 0009: an all-reduce of an
     input only the op reads becomes ``all_reduce_`` on it there)."""
     from torch._inductor.kernel.collective import hooks
 
@@ -2323,7 +2323,7 @@ CONTRACTS: list[Contract] = [
     ),
     Contract(
         "inline_subgraph_to_ir_nodes inlines the graph hooks.to_inline gives it",
-        "patches (0006, codegen/subgraph.py): choice_modules.to_inline",
+        "patches (0009, codegen/subgraph.py): choice_modules.to_inline",
         check_inlining_asks_the_hooks,
         break_inlining_asks_the_hooks,
         needs_overlay=True,
