@@ -1,14 +1,8 @@
 """A collective op's choices as every rank names and screens them alike.
 
-Ranks vote on choices by name, so a choice is named by its implementation and the
-parameters its config set (:func:`choice_label`: ``chunked_all_reduce(chunks=4)``), and
-the op's own implementation is :data:`DEFAULT`, whatever Inductor numbered them. A
-choice that cannot be used says why (:func:`trace_failure`) from what tracing shows
-alike on every rank: its implementation raised while traced
-(:func:`guarded_implementation`), or it reads a collective's output before waiting
-for it (:func:`unwaited_collective`). The op's own implementation is made a complete
-choice at every compile (:func:`complete_default_choice`): it is what every rank falls
-back to.
+Ranks vote by name: :func:`choice_label` names a choice by its implementation and its
+config's parameters, and the op's own implementation is :data:`DEFAULT`. A choice that
+cannot be used says why (:func:`trace_failure`) from what tracing shows on every rank.
 """
 
 from __future__ import annotations
@@ -53,10 +47,7 @@ log = logging.getLogger(__name__)
 DEFAULT = "default"
 
 
-# -- what a choice runs --------------------------------------------------------------
-
-# Modules whose functions are not the user's: their code changes with torch or Python,
-# which every key already names (the environment), and need not be digested.
+# Not user code: it changes only with torch or Python, which every key names already.
 _NOT_USER_CODE = (
     "torch",
     "builtins",
@@ -66,15 +57,13 @@ _NOT_USER_CODE = (
     "operator",
     "collections",
 )
-# How many functions one identity follows at most (a call graph can be large).
+# Bounds the functions one identity follows (a call graph can be large).
 _MOST_FUNCTIONS = 64
 
 
 def code_identity(fn: Callable[..., Any]) -> str:
-    """A digest of the code ``fn`` runs: its bytecode, constants and names, its default
-    arguments and the simple values it closes over, and, recursively, the user
-    functions it closes over or calls by global name and the Python kernels of the
-    custom ops it calls. Any change of them is a new identity."""
+    """A digest of the code ``fn`` runs: its bytecode, defaults, simple closure values,
+    and the user functions and custom-op kernels it reaches. Any change is a new one."""
     parts: list[Any] = []
     _digest_into(fn, parts, set())
     return digest(repr(parts))
@@ -149,8 +138,7 @@ def _names(code: types.CodeType) -> list[str]:
 
 
 def _simple(value: Any) -> Any:
-    """``value`` as it bears on what a function computes: plain data as it is, other
-    objects by their type (their repr may hold an address)."""
+    """Plain data as it is, other objects by type (a repr may hold an address)."""
     if value is None or isinstance(value, (bool, int, float, str, bytes)):
         return value
     if isinstance(value, (tuple, list)):
@@ -168,25 +156,17 @@ def _python_kernel(qualname: str) -> Callable[..., Any] | None:
     return getattr(definition, "_init_fn", None)
 
 
-# Registration state, kept for the process as upstream keeps its lowerings: ops are
-# registered once (at import, usually), so Inductor's fresh_cache must not forget them.
-# Whether each op registered for autotuning communicates, by qualified name.
+# Kept for the process, as upstream keeps lowerings: fresh_cache must not forget ops.
 _collective: dict[str, bool] = {}
-# The code identity of each registered op's own implementation and configs, as
-# registered, by "op/label".
 _registered_identities: dict[str, str] = {}
-# The code identity of every implementation seen at a compile since Inductor's caches
-# were last cleared (a config generator's, the op's own), by "op/label": a cached graph
-# is loaded only where the code it inlines is still this.
+# Seen at compiles since Inductor's caches were cleared; cached graphs must match them.
 _identities: dict[str, str] = cleared_with_inductor_caches({})
 
 
 def register(
     op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool
 ) -> None:
-    """Note an op registered with register_custom_op_autotuning, whether it
-    communicates, and, if it does, the code of its ``configs`` (CustomOpConfig) and its
-    own implementation."""
+    """Note an op registered for autotuning and, if it communicates, its code."""
     _collective[op_name(op)] = collective
     if collective:
         schema = schema_arguments(op)
@@ -210,8 +190,7 @@ def identities(
     op: torch._ops.OpOverload | None,
     implementations: Sequence[tuple[str, Callable[..., Any]]],
 ) -> dict[str, str]:
-    """The code identity of ``op``'s own implementation and of each of its labelled
-    ``implementations``, by "op/label" (noted as their current code)."""
+    """Record and return the code identities of ``op`` and its ``implementations``."""
     name = op_name(op) if op is not None else ""
     seen = {f"{name}/{DEFAULT}": code_identity(op)} if op is not None else {}
     seen.update({f"{name}/{lbl}": code_identity(fn) for lbl, fn in implementations})
@@ -220,8 +199,7 @@ def identities(
 
 
 def current_identity(name: str) -> str | None:
-    """The code identity of the implementation ``name`` ("op/label") as this process
-    last saw it (at a compile, else at its registration), or None where it saw none."""
+    """``name``'s code identity as last seen (compile, else registration), or None."""
     return _identities.get(name, _registered_identities.get(name))
 
 
@@ -231,9 +209,8 @@ def schema_arguments(op: torch._ops.OpOverload | None) -> set[str]:
 
 
 def choice_label(choice: ChoiceCaller, op: torch._ops.OpOverload | None = None) -> str:
-    """A choice's readable name: its implementation and the parameters its config set
-    (``chunked_all_reduce(chunks=4)``), or "default" for the op's own implementation.
-    The same on every rank, whatever Inductor numbered the choice."""
+    """A choice's name, alike on every rank: its implementation and its config's
+    parameters (``chunked_all_reduce(chunks=4)``), or :data:`DEFAULT`."""
     decomposition = getattr(choice, "decomposition", None)
     if getattr(choice, "gm", None) is None or decomposition is None:
         return DEFAULT
@@ -245,8 +222,7 @@ def choice_label(choice: ChoiceCaller, op: torch._ops.OpOverload | None = None) 
 
 
 def label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
-    """The label of ``implementation`` called with ``kwargs``, of which the op's own
-    arguments (``schema``) are no parameters of the choice."""
+    """``implementation``'s label with ``kwargs``, less the op's own (``schema``)."""
     params = {k: v for k, v in sorted(kwargs.items()) if k not in schema}
     if not params:
         return implementation
@@ -256,10 +232,8 @@ def label(implementation: str, kwargs: dict[str, Any], schema: set[str]) -> str:
 def the_op_itself(
     op: torch._ops.OpOverload, schema: set[str], waits: Waits = Waits.NONE
 ) -> Callable[..., Any]:
-    """A stand-in implementation: the op's own call (never chosen; its name is no
-    implementation's), followed by a wait where ``waits`` says the op's body returns a
-    collective's output unwaited (:func:`own_waits`, resolved before Dynamo traces a
-    size dispatch's branches: it could not look it up)."""
+    """A stand-in implementation (never chosen): the op's own call, with a wait where
+    ``waits`` says (resolved early: Dynamo, tracing a size dispatch, cannot)."""
     call = waited_call(op, waits)
 
     def the_op_itself(*args: Any, **kwargs: Any) -> Any:
@@ -273,10 +247,8 @@ def check_own_implementation(
     inputs: Sequence[Any],
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> OwnImplementation:
-    """What the op's own implementation, called on ``inputs`` (the IR nodes of the call
-    being lowered), does with functional collectives: on which groups, and whether it
-    leaves one's output unwaited (then every call of it is followed by a wait); raises
-    where it reads one inside (see collective/waits.py:trace_own_implementation)."""
+    """What the op's own implementation does with functional collectives on IR
+    ``inputs``; raises as waits.trace_own_implementation does."""
     body = _python_kernel(op_name(op))
     if body is None:
         return OwnImplementation()
@@ -288,9 +260,7 @@ def check_own_implementation(
 def call_arguments(
     op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """The arguments of a call of ``op`` being lowered that are no IR node (``args``
-    by the schema's names, and ``kwargs``): what its implementations are called with
-    besides their tensors."""
+    """The arguments, by name, of a call of ``op`` being lowered that are no IR node."""
     names = [a.name for a in op._schema.arguments]
     positional = {
         name: value
@@ -301,9 +271,7 @@ def call_arguments(
 
 
 def own_output(own: OwnImplementation, out: Any) -> Any:
-    """``out``, the lowered call of the op's own implementation, followed by a wait
-    where its body leaves a collective's output unwaited (``own``:
-    :func:`check_own_implementation`)."""
+    """``out``, the op's own lowered call, then a wait where ``own`` needs one."""
     from torch._inductor.ir import TensorBox
 
     if own.waits is not Waits.OUTPUT:
@@ -316,8 +284,7 @@ def own_waits(op: torch._ops.OpOverload | None) -> Waits:
     return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
 
 
-# Per graph being lowered, the traces of each collective op's implementation that
-# traced_once shares, by (implementation, op).
+# Per graph being lowered: traced_once's traces, by (implementation, op).
 _traces: weakref.WeakKeyDictionary[
     Any, dict[tuple[Callable[..., Any], Any], dict[Any, Any]]
 ] = weakref.WeakKeyDictionary()
@@ -325,7 +292,7 @@ _traces: weakref.WeakKeyDictionary[
 
 @dataclasses.dataclass
 class _TraceState:
-    """What tracing one guarded implementation showed: why it raised ("" where it did
+    """What tracing one guarded implementation showed: why it raised ("" if it did
     not), and the traces :func:`traced_once` shares (None: not a collective op's)."""
 
     failure: str = ""
@@ -348,13 +315,11 @@ def _trace_state(fn: Any) -> _TraceState | None:
 def guarded_implementation(
     decomposition: Callable[..., Any], op: torch._ops.OpOverload
 ) -> Callable[..., Any]:
-    """``decomposition``, waiting for the functional collectives it did not wait for
-    (collective/waits.py:with_waits), and traced as the op itself where it raises while
-    traced, which :func:`trace_failure` then reports."""
+    """``decomposition`` with the waits it left out, traced as the op itself where it
+    raises (:func:`trace_failure` then reports it)."""
     from torch.fx.experimental import symbolic_shapes
 
-    # Upstream skips implementations that add guards (it raises these while it
-    # traces), on every rank alike: they pass through.
+    # Upstream skips implementations that add guards, alike on every rank: re-raise.
     guard_errors = (symbolic_shapes._ShapeEnvGuardError, AssertionError)
     instead = the_op_itself(op, schema_arguments(op))
     waited = with_waits(decomposition, op)
@@ -382,9 +347,7 @@ def guarded_implementation(
 def _shared_traces(
     decomposition: Callable[..., Any], op: torch._ops.OpOverload
 ) -> dict[Any, Any] | None:
-    """The traces of ``decomposition`` in the graph being lowered that
-    :func:`traced_once` shares, for a collective op while collective autotuning is on;
-    None for any other op, whose choices are traced as upstream traces them."""
+    """traced_once's traces of ``decomposition``; None unless tuned collectively."""
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
@@ -399,13 +362,10 @@ def traced_once(
     kwargs: dict[str, Any],
     input_nodes: Sequence[Any],
 ) -> Callable[..., torch.fx.GraphModule]:
-    """Upstream's ``trace`` of a choice (or of a range-based op's sole winner), made
-    once per graph and input layout for a collective op's implementation while
-    collective autotuning is on: later calls take a copy of the first trace, so a
-    model's layers inline the winner without tracing it again. Counted in
-    ``counters["inductor"]["collective_autotune_choice_traces"]``."""
+    """Upstream's ``trace`` of a collective op's choice, made once per graph and input
+    layout: later calls copy it, so a model's layers do not trace the winner again."""
     state = _trace_state(implementation)
-    if state is None or state.traces is None:  # not a collective op's implementation
+    if state is None or state.traces is None:
         return trace
 
     def once(*inputs: Any) -> torch.fx.GraphModule:
@@ -436,14 +396,12 @@ def traced_once(
 def _shared_trace(
     state: _TraceState, key: Any, trace_now: Callable[[], torch.fx.GraphModule]
 ) -> torch.fx.GraphModule:
-    """A copy of the trace under ``key`` (``trace_now`` makes it first); the
-    implementation marked as that trace marked it."""
+    """A copy of the trace under ``key`` (``trace_now`` makes it), with its marks."""
     from torch._dynamo.utils import counters
 
     assert state.traces is not None
     if key not in state.traces:
-        # Kept with the trace: what it marks, apart from what this range's layout
-        # inference marked before it.
+        # Kept with the trace: its own marks, not layout inference's before it.
         marked, state.failure = state.failure, ""
         try:
             state.traces[key] = (trace_now(), state.failure)
@@ -478,7 +436,7 @@ def _traced_on_site_sizes(
             site,
             lambda: trace_on_symbolic_sizes(implementation, kwargs, input_nodes)[0],
         )
-    except Exception:  # a guard on the sizes, say
+    except Exception:
         log.debug(
             "%s is traced at each range's size", implementation.__name__, exc_info=True
         )
@@ -487,8 +445,7 @@ def _traced_on_site_sizes(
 
 
 def layout_of(node: Any) -> tuple[Any, ...]:
-    """What a module traced on IR node ``node`` depends on: its size, stride, dtype,
-    device."""
+    """What a module traced on IR ``node`` depends on: size, stride, dtype, device."""
     return (
         str(node.get_size()),
         str(node.get_stride()),
@@ -498,8 +455,7 @@ def layout_of(node: Any) -> tuple[Any, ...]:
 
 
 def _layouts(inputs: Sequence[Any]) -> tuple[Any, ...]:
-    """What a trace on example ``inputs`` depends on: each tensor's size, stride,
-    dtype and device (any other input as it prints)."""
+    """What a trace on example ``inputs`` depends on."""
     return tuple(
         (str(t.shape), str(t.stride()), t.dtype, t.device)
         if isinstance(t, torch.Tensor)
@@ -509,8 +465,7 @@ def _layouts(inputs: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def copied_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with a copy of its graph (its nodes' metadata copied shallowly), for a
-    caller that changes the graph or its metadata."""
+    """``gm`` with a copy of its graph (metadata copied shallowly), to change."""
     return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
@@ -523,14 +478,8 @@ def trace_failure(choice: ChoiceCaller) -> str:
 
 
 def unwaited_collective(gm: torch.fx.GraphModule | None) -> str:
-    """Why ``gm`` (a choice's traced implementation) reads what one of its collectives
-    writes before waiting for it, or "".
-
-    A functional collective only issues the communication; its output (for an in-place
-    one, its input too) holds the result once ``wait_tensor`` returned. Read earlier,
-    it holds whatever the communication wrote so far: a result that differs from run
-    to run and from rank to rank, which no correctness screen can catch reliably.
-    """
+    """Why ``gm`` reads a functional collective's output (or in-place input) before
+    ``wait_tensor``, or "": such a read races with it, differing between ranks."""
     if gm is None:
         return ""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
@@ -539,7 +488,7 @@ def unwaited_collective(gm: torch.fx.GraphModule | None) -> str:
         if not is_functional_collective(target):
             continue
         written = [node]
-        if target._schema.is_mutable:  # all_reduce_ and the like write their input too
+        if target._schema.is_mutable:
             written += [a for a in node.args if isinstance(a, torch.fx.Node)]
         for tensor in written:
             for user in tensor.users:
@@ -559,9 +508,8 @@ def unwaited_collective(gm: torch.fx.GraphModule | None) -> str:
 
 
 def writes_into_input(gm: torch.fx.GraphModule | None, mutable: Sequence[int]) -> str:
-    """Why ``gm`` (a choice's traced implementation) writes into one of its tensor
-    inputs (or a view of one) that the op does not declare it mutates (the positions in
-    ``mutable``), or "". Inlined, such a choice would change the caller's tensor."""
+    """Why ``gm`` writes into a tensor input (or a view of one) that the op does not
+    declare mutable (``mutable`` positions), or "": inlined, it changes the caller's."""
     if gm is None:
         return ""
     tensors = [
@@ -588,9 +536,7 @@ def writes_into_input(gm: torch.fx.GraphModule | None, mutable: Sequence[int]) -
                     f"writes into input {origin[value]} ({node.target.name()}), "
                     "which the op does not declare it mutates"
                 )
-            if any(
-                r.alias_info is not None for r in schema.returns
-            ):  # a view of that input
+            if any(r.alias_info is not None for r in schema.returns):
                 origin[node] = origin[value]
     return ""
 
@@ -612,9 +558,8 @@ def default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
     return next((c for c in choices if isinstance(c, ExternKernelCaller)), choices[0])
 
 
-# torch 2.11's op's-own-implementation choices made here, one per autotune name. Kept
-# for the process: each ExternKernelChoice registers its name with Inductor's extern
-# kernels for good, and one made again after fresh_cache would be a duplicate.
+# torch 2.11: one per autotune name for the process, since an ExternKernelChoice
+# registers its name with Inductor for good.
 _default_choices: dict[str, Any] = {}
 
 
@@ -624,17 +569,9 @@ def complete_default_choice(
     op: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> None:
-    """Make the op's own implementation a complete choice, present at every compile.
-
-    It is what every rank falls back to when the group does not assemble, so ranks
-    with different compile histories must list it alike. torch 2.13 always appends
-    it, with the op's non-tensor arguments bound. torch 2.11 appends it only the
-    first time the op is compiled in a process (its extern kernel's name is taken
-    afterwards) and without those arguments, so it could not become the op's output
-    node: here it gets them, and where it is missing it is appended as 2.13 does it,
-    one extern choice per op with the arguments bound at each compile, under 2.11's
-    name for it.
-    """
+    """Make the op's own implementation a complete choice at every compile: every rank
+    falls back to it, so all must list it alike. torch 2.11 appends it only at the op's
+    first compile and without the non-tensor arguments, which are bound here."""
     from torch._inductor.select_algorithm import ExternKernelCaller, ExternKernelChoice
 
     names = schema_arguments(op)
@@ -664,17 +601,9 @@ def complete_default_choice(
 
 @dataclasses.dataclass(frozen=True)
 class RangeWinner:
-    """The winner of one range of a range-based op, as the range-based lowering reads
-    it: the implementation to dispatch to, but no graph (custom_op's winning-choice
-    surface: name, gm, decomposition, its kwargs and config patches, output_node).
-    torch 2.13 inlines a winning graph into the model at every range and keeps only the
-    dispatch; an inlined collective stays in the graph (it has side effects) and would
-    run on every call.
-
-    ``decomposition`` is the op itself for the op's own implementation: dispatched to
-    as a call of the op (torch 2.11 would trace the op's Python body instead, which a
-    collective's c10d calls do not survive). ``default`` is the op's own choice, where
-    the range's choices were traced."""
+    """A range's winner as the range-based lowering reads it: what to dispatch to, no
+    graph (an inlined collective would run at every call). ``decomposition`` is the op
+    itself for its own implementation; ``default``, its choice where traced."""
 
     name: str
     decomposition: Callable[..., Any]
@@ -726,10 +655,8 @@ class RangeWinner:
 def _sharing_traces(
     implementation: Callable[..., Any], guarded: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """``implementation`` (what a size dispatch calls), traced once per graph by
-    :func:`traced_once` where it inlines alone, sharing the traces of its ``guarded``
-    implementation (the same graph: both wait at the output where its author did not).
-    Where one implementation won every range, each site inlines it so."""
+    """``implementation`` (what a size dispatch calls) sharing the traces of its
+    ``guarded`` twin, so a sole winner of every range is traced once per graph."""
     state = _trace_state(guarded)
     if state is None or state.traces is None:  # tuning is off, or not a collective
         return implementation

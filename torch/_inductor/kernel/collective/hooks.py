@@ -1,29 +1,11 @@
 """Collective custom-op autotuning inside Inductor: the hooks upstream calls.
 
-``register_custom_op_autotuning`` tells :func:`note_registration` about each op;
-``autotune_custom_op`` lets :func:`prepare_choices` ready its inputs and
-implementations, then calls :func:`detect_collective` to learn whether the op's choices
-communicate and over which process group; ``AlgorithmSelectorCache`` hands such ops to
-:func:`select_collective_choice`. That takes the group's decision for the call site's
-key from the graph's session (kernel/collective/graph_sessions.py): a decision made
-earlier in the job, one every rank stored on disk (runtime/collective_decisions.py), or
-a benchmark of the choices in lockstep on every rank of the group
-(runtime/collective_benchmarking.py).
-
-This module only wires those hooks to the modules that do the work, below it: detection
-of collectives and their groups (collective/detection.py), the choices' names and code
-(collective/choices.py), one site's decision (collective/selection.py, timed by
-collective/timing.py), the graph's sessions (collective/graph_sessions.py), dynamic
-sizes (collective/dispatch.py), the records and their table (collective/records.py), and
-what is installed into upstream at run time (collective/dynamo_callbacks.py). Each
-decision is timed in Inductor's compile metrics (``dynamo_timed``, in
-``compile_time_autotune_time_us``) and kept as a ``collective_autotuning`` artifact for
-tlparse (``TORCH_TRACE``).
-
-Collective sessions never read or write Inductor's local autotune cache: a hit on one
-rank and a miss on another is exactly how ranks come to inline different
-implementations. Their own decisions are kept per group in the Store and on disk, and
-used only where every rank of the group holds the same.
+``register_custom_op_autotuning`` reports ops to :func:`note_registration`;
+``autotune_custom_op`` readies their choices with :func:`prepare_choices` and
+:func:`detect_collective`; ``AlgorithmSelectorCache`` hands a collective op's choices to
+:func:`select_collective_choice`, which takes the group's decision for the call site
+from the graph's session. These decisions never touch Inductor's local autotune cache:
+a hit on one rank and a miss on another would make ranks inline different choices.
 """
 
 from __future__ import annotations
@@ -103,8 +85,7 @@ if TYPE_CHECKING:
     from torch._inductor.output_code import CompiledFxGraph
 
 
-# The hooks upstream's patched files call (the only names they import from collective
-# autotuning), and what users read of the decisions.
+# The names upstream's patched files import, and what users read of the decisions.
 __all__ = [
     "CollectiveAutotuneError",
     "CollectiveAutotuneRecord",
@@ -136,8 +117,7 @@ table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
 
 def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) -> None:
-    """Called by register_custom_op_autotuning for every op it registers, with its
-    CustomOpConfigs (none for a config generator's)."""
+    """Called by register_custom_op_autotuning for each op, with its CustomOpConfigs."""
     collective = names_a_collective(op)
     register(op, configs, collective)
     if not collective:
@@ -160,14 +140,11 @@ def prepare_choices(
     list[dict[str, Any]] | None,
     RangeWinner | None,
 ]:
-    """Ready an op's inputs and implementations before its choices are traced.
+    """Ready an op's inputs and (guarded) implementations before its choices are traced.
 
-    Returns the implementations to trace (each guarded: one that raises while traced
-    is traced as the op itself and dropped by the whole group), their arguments and
-    config patches, and the winner of a range already settled (None otherwise), to
-    return untraced. Where the group decided the key already, or collective autotuning
-    is off, only the winner (or the op's own stand-in) is traced; at a data-dependent
-    size nothing is (upstream lowers the op's own implementation).
+    Returns those to trace, their arguments and config patches, and a settled range's
+    winner to return untraced (else None). A key the group decided already traces only
+    its winner; a data-dependent size traces none (upstream lowers the op's own).
     """
     if untuned_at_data_dependent_size(op, inputs):
         _realize(inputs)
@@ -214,9 +191,7 @@ def _prepare_site(
     min_speedup_threshold: float,
     benchmark_with_cudagraphs: bool,
 ) -> tuple[list[str], selection.CallSite | None]:
-    """The labels of the op's implementations, and its call site where it is tuned
-    collectively (None otherwise): the neighbours it fuses with are read, then its
-    inputs realized."""
+    """The implementations' labels, and the call site where tuned collectively."""
     neighbours = neighbours_of_site(inputs)
     _realize(inputs)
     labels = _labels(decompositions, non_tensor_args, op)
@@ -237,8 +212,8 @@ def _prepare_site(
 
 
 def _known_range_winner(site: selection.CallSite | None) -> str | None:
-    """The winner of the site's range where the range lies outside the sizes this graph
-    is compiled for, or an earlier call site of the graph settled it; else None."""
+    """The winner of the site's range where the range lies outside this graph's sizes or
+    an earlier site of the graph settled it; else None."""
     if site is None:
         return None
     outside = selection.range_outside_this_graph(site)
@@ -252,8 +227,7 @@ def _known_range_winner(site: selection.CallSite | None) -> str | None:
 
 
 def _switched_off(op: torch._ops.OpOverload) -> bool:
-    """Whether ``op`` is a collective op while collective autotuning is off: every rank
-    runs its own implementation (selection's untuned record)."""
+    """Whether ``op`` is a collective op while collective autotuning is off."""
     from torch._inductor import config
 
     return not config.collective_autotune and names_a_collective(op)
@@ -289,9 +263,8 @@ def _range_winner(
     config_patches_list: Sequence[dict[str, Any]] | None,
     op: torch._ops.OpOverload,
 ) -> RangeWinner:
-    """The ``winner`` of a range that an earlier site of the graph settled, returned
-    untraced: the implementation labelled so, or the op's own where none is."""
-    i = labels.index(winner) if winner in labels else None  # None: the op's own
+    """A settled range's ``winner``, untraced: its implementation, or the op's own."""
+    i = labels.index(winner) if winner in labels else None
     return RangeWinner.create(
         winner,
         None if i is None else guarded_implementation(decompositions[i], op),
@@ -309,8 +282,8 @@ def _to_trace(
     config_patches_list: Sequence[dict[str, Any]] | None,
     op: torch._ops.OpOverload,
 ) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The implementations to trace (guarded), their arguments and config patches:
-    all of them, or only the ``winner`` the group decided already and the first."""
+    """The implementations to trace, their arguments and config patches: all, or only
+    the first and the ``winner`` the group decided already."""
     keep = list(range(len(decompositions)))
     traced = [guarded_implementation(d, op) for d in decompositions]
     if winner is not None:
@@ -318,8 +291,7 @@ def _to_trace(
             i for i, candidate in enumerate(labels) if i == 0 or candidate == winner
         ]
         if labels[0] != winner:
-            # Upstream gives the op's own implementation the first implementation's
-            # arguments: keep those, traced cheaply as the op itself.
+            # Upstream gives the op's own the first one's arguments: trace it cheaply.
             traced[0] = the_op_itself(op, schema_arguments(op))
 
     def kept(items: Sequence[Any] | None) -> Any:
@@ -334,23 +306,15 @@ def detect_collective(
     op_overload: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> tuple[list[ChoiceCaller], bool, ProcessGroup | None]:
-    """The op's choices to autotune, whether they communicate, and over which process
-    group.
+    """The op's choices to autotune, whether they communicate, and over which group.
 
-    The group comes from the collectives' group argument, else from the op's own
-    ``group`` / ``group_name`` / ``process_group`` argument, else WORLD; choices on
-    several groups synchronise over the smallest known group containing them all.
-    Returns ``(False, None)``, with one warning, where collective tuning cannot
-    apply because torch.distributed is not initialised. For a collective op, the op's
-    own implementation is made a complete choice (choices.complete_default_choice;
-    ``name`` is the op's autotuning name). An op tuned the regular way loses the
-    choices whose implementation raised while traced.
+    The group is the collectives' own, else the op's group argument, else WORLD;
+    several synchronise over the smallest known group covering them. Not collective
+    (warned once) without torch.distributed. ``name`` is the op's autotuning name.
     """
     choices = list(choices)
 
-    # Untuned at a data-dependent size (prepare_choices): the op's own, its one choice,
-    # taken without a session (select_collective_choice); a collective all the same, so
-    # that a wait follows it where its body leaves its output unwaited.
+    # Untuned at a data-dependent size, but still a collective: a wait may follow it.
     inputs = getattr(choices[0], "input_nodes", ()) if choices else ()
     if untuned_at_data_dependent_size(op_overload, inputs):
         check_own_implementation(op_overload, inputs, non_tensor_args)
@@ -378,8 +342,7 @@ def detect_collective(
     complete_default_choice(name, choices, op_overload, non_tensor_args)
     group = _synchronised_group(op_overload, groups, non_tensor_args)
     if group.size() == 1:
-        # Inductor's regular benchmarking would deadlock on gloo here (see
-        # select_collective_choice); a session of one rank costs nothing.
+        # Inductor's benchmarking would deadlock on gloo; one rank's session is free.
         torch._logging.warning_once(
             log,
             "%s runs on a process group of one rank: nothing to synchronise, it is "
@@ -394,9 +357,7 @@ def _synchronised_group(
     groups: Sequence[Any],
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> ProcessGroup:
-    """The group a collective op's call site synchronises over: the smallest known one
-    that contains ``groups`` (those its collectives pass) and the groups its arguments
-    name; WORLD where there are none."""
+    """The smallest known group covering ``groups`` and those the arguments name."""
     named = [
         value
         for kwargs in non_tensor_args
@@ -412,12 +373,10 @@ def _communication(
     non_tensor_args: Sequence[dict[str, Any]],
     initialised: bool,
 ) -> tuple[bool, list[Any]]:
-    """Whether ``op`` or its choices communicate, and the groups (or their names) that
-    their collectives pass; where torch.distributed is ``initialised``, what the op's
-    own implementation does tells too."""
+    """Whether ``op`` or its choices communicate, and the groups their collectives pass;
+    once torch.distributed is ``initialised``, the op's own implementation tells too."""
     groups: list[Any] = []
-    # The op's name or arguments may tell what its choices' graphs do not (where only
-    # the winner of a decided key was traced, say).
+    # The name tells where the traced graphs cannot (only a decided winner traced).
     collective = names_a_collective(op)
     for choice in choices:
         gm = getattr(choice, "gm", None)
@@ -427,9 +386,7 @@ def _communication(
             collective = True
             groups.extend(group_arguments(node, gm))
     if initialised and (collective or any(trace_failure(c) for c in choices)):
-        # The op's own implementation: what every rank falls back to, so it must be
-        # right too; where no choice could be traced, it tells whether the op
-        # communicates.
+        # Every rank's fallback must be right too, and tells where no choice traced.
         own = check_own_implementation(op, choices[0].input_nodes, non_tensor_args)
         collective = collective or bool(own.groups)
         groups.extend(own.groups)
@@ -437,31 +394,24 @@ def _communication(
 
 
 def cached_graph_usable(graph: CompiledFxGraph) -> bool:
-    """Asked by the FX-graph cache's lookup of every candidate entry of a key: False
-    passes over a graph whose collective decisions this rank cannot take (provisional,
-    made in another environment or for changed code, behind a range guard nothing
-    checks here), to the key's next entry. Reads nothing over the network."""
+    """For the FX-graph cache's lookup: False skips a graph whose collective decisions
+    this rank cannot take (provisional, stale code or environment). Reads no network."""
     return graph_sessions.cached_graph_usable(graph.collective_decisions)
 
 
 def group_takes_cached_graph(graph: CompiledFxGraph) -> bool:
-    """Asked by ``FxGraphCache.load_with_key`` of a hit, before it counts and uses it:
-    whether the process group of each collective decision the graph inlines takes it
-    (every rank loaded the same graph, or the group decided so already). False: a
-    miss, and the group compiles the graph together."""
+    """For ``FxGraphCache.load_with_key``'s hit: whether each decision's group takes it
+    (every rank loaded the same graph). False: a miss, which the group compiles."""
     return graph_sessions.group_takes_cached_graph(graph.collective_decisions)
 
 
 def cached_entry_usable(entry: Any) -> bool:
-    """:func:`cached_graph_usable` for an AOTAutograd cache entry: of the graphs it
-    bundles (an entry that refers to FX-graph cache entries is checked as those are
-    looked up)."""
+    """:func:`cached_graph_usable` for the graphs an AOTAutograd cache entry bundles."""
     return all(cached_graph_usable(graph) for graph in _bundled_graphs(entry))
 
 
 def group_takes_cached_entry(entry: Any) -> bool:
-    """:func:`group_takes_cached_graph` for a hit of the AOTAutograd cache, before it is
-    used: of the graphs it bundles, together."""
+    """:func:`group_takes_cached_graph` for an AOTAutograd cache hit's graphs."""
     return graph_sessions.group_takes_cached_graph(
         [d for graph in _bundled_graphs(entry) for d in graph.collective_decisions]
     )
@@ -477,23 +427,12 @@ def _bundled_graphs(entry: Any) -> list[CompiledFxGraph]:
 def lowered_once(
     op: torch._ops.OpOverload, lowering: Callable[..., Any], name: str
 ) -> Callable[..., Any]:
-    """torch 2.11's lowering of ``op``, autotuned as ``name`` (patch 0005):
-    ``lowering``, except where the op is lowered inside its own lowering, at a
-    data-dependent size (:func:`untuned_at_data_dependent_size`) or, for a collective
-    op, while collective autotuning is off. There the op lowers as itself (a call of
-    its eager kernel), followed by a wait where its body leaves a collective's output
-    unwaited.
+    """torch 2.11's lowering of ``op``, autotuned as ``name`` (patches/series/0007-*).
 
-    A range's dispatch, or a range-based op whose every range chose the op's own
-    implementation, traces that implementation, the op itself, into the graph; lowering
-    it with ``lowering`` again would tune it again, without end. torch 2.13 guards every
-    user lowering so; torch 2.11 registers autotuned ops as plain lowerings.
-
-    With collective autotuning off every rank runs the op's own implementation. 2.11's
-    own choice of it, a traced subgraph, guards its inputs' sizes
-    (codegen/subgraph.py), so that a model of dynamic size compiled at each size it met;
-    the op's own call keeps them symbolic, as torch 2.13 on does. Each call site keeps
-    the untuned record that :func:`select_collective_choice` keeps there on 2.13 on.
+    ``lowering``, except inside its own lowering (a range's dispatch traces the op
+    itself), at a data-dependent size, or for a collective op with collective autotuning
+    off (2.11's traced choice would guard its sizes). There the op lowers as a call of
+    its eager kernel, followed by a wait where its body leaves an output unwaited.
     """
     from torch._inductor.lowering import fallback_handler
 
@@ -510,8 +449,7 @@ def lowered_once(
             return as_itself()
         tensors = [a for a in args if hasattr(a, "get_size")]
         untuned = untuned_at_data_dependent_size(op, tensors)
-        # Where torch.distributed is not initialised, the op is no collective to
-        # detect_collective either: upstream lowers it.
+        # Without torch.distributed, detect_collective tunes it as any other op.
         switched_off = _switched_off(op) and process_group_initialized()
         if untuned or switched_off:
             out = as_itself()
@@ -543,18 +481,14 @@ def select_collective_choice(
 ) -> ChoiceCaller | RangeWinner:
     """Pick the same choice on every rank of ``process_group``.
 
-    ``selector`` is the AlgorithmSelectorCache, whose ``get_inputs`` makes the
-    benchmark inputs. A choice other than the op's own implementation wins only if
-    the op's own is at least ``min_speedup_threshold`` times slower on its slowest
-    rank; ``benchmark_with_cudagraphs`` times the choices in CUDA graphs. Raises
-    CollectiveAutotuneError, on every rank of the group, when the group's
-    collectives failed mid-benchmark and cannot be trusted.
+    A choice beats the op's own only if that is ``min_speedup_threshold`` times slower
+    on its slowest rank. Raises CollectiveAutotuneError, on every rank of the group,
+    where the group's collectives failed mid-benchmark.
     """
     from torch._dynamo.utils import dynamo_timed
 
     if data_dependent_size(input_nodes) is not None:
-        # Untuned (detect_collective): no decision to agree on, the size is the
-        # program's.
+        # Untuned (detect_collective): the size is the program's, nothing to agree on.
         return next(c for c in choices if choice_label(c) == DEFAULT)
     with dynamo_timed(
         f"{name}_collective_autotuning",
@@ -573,9 +507,8 @@ def select_collective_choice(
 
 
 def collective_output_node(choice: ChoiceCaller) -> Any:
-    """The lowered call of ``choice``, the group's pick that is not inlined: the op's
-    own implementation is followed by a wait where its body returns a collective's
-    output unwaited (choices.check_own_implementation)."""
+    """The lowered call of ``choice``, the group's pick when not inlined; the op's own
+    is followed by a wait where its body returns a collective's output unwaited."""
     node = choice.output_node()
     op = getattr(getattr(choice, "choice", None), "op_overload", None)
     if op is not None and own_waits(op) is Waits.OUTPUT:

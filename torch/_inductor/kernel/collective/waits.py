@@ -1,20 +1,9 @@
 """Functional collectives that a user's implementation never waited for.
 
-A functional collective (``torch.ops._c10d_functional.all_reduce_`` and the like) only
-issues the communication: its output, and for an in-place one its input, holds the
-result once ``wait_tensor`` returned. Upstream's own tests, and code written after them,
-return such an output without waiting, or read it at once
-(``all_reduce_(buf, "avg") * world_size``). Compiled, the read races with the
-communication and the result differs from rank to rank.
-
-So an implementation of a collective op is traced with the waits its author left out
-(:func:`with_waits`): right before the first op that reads a collective's output that
-was not waited for, and at the implementation's output; nothing else changes, and an
-implementation that waits where it should is traced exactly as written. The log says so
-once per implementation. The op's own implementation runs as an opaque call of the op,
-whose inside cannot be changed: where its body returns an unwaited collective's output,
-the call is followed by a wait (:func:`trace_own_implementation`); where it reads one
-inside, no wait from outside can help, and every rank raises, naming the read.
+Read before ``wait_tensor``, a collective's output races with the communication and
+differs between ranks. :func:`with_waits` adds the waits an implementation's author
+left out; the op's own implementation (an opaque call) gets a wait after it, and raises
+on every rank where it reads an unwaited output inside.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ from torch.utils._pytree import tree_map_only
 
 log = logging.getLogger(__name__)
 
-# Where a wait that the author left out goes, as the log names it.
+# The reader named when a wait is added at the implementation's output.
 AT_OUTPUT = "the op's output"
 
 
@@ -52,25 +41,19 @@ def is_functional_collective(func: Any) -> bool:
 
 
 def is_wait(func: Any) -> bool:
-    """Whether ``func`` is the functional collectives' ``wait_tensor``."""
     return func is _wait_op()
 
 
 class WaitBeforeRead(TorchDispatchMode):
-    """Adds ``wait_tensor`` before the first op that reads the output of a functional
-    collective that was not waited for; ``added`` says where it did.
-
-    Active inside an implementation while it is traced (or run), so the waits land in
-    its graph where the author's would have: ops that do not read such an output, and
-    collectives that are waited for before being read, pass through unchanged."""
+    """Adds ``wait_tensor`` before the first op that reads an unwaited functional
+    collective's output; ``added`` says where. Everything else passes through."""
 
     def __init__(self) -> None:
         super().__init__()
-        # The tensors a collective writes and nobody waited for yet, by id, with the
-        # collective's name (the tensors are kept alive with their entries).
+        # Unwaited outputs by id, kept alive with their collective's name.
         self.pending: dict[int, tuple[torch.Tensor, str]] = {}
         self.added: list[str] = []
-        # The process groups (names) that the collectives seen run on.
+        # The names of the process groups the collectives seen run on.
         self.groups: list[str] = []
 
     def __torch_dispatch__(
@@ -105,8 +88,7 @@ class WaitBeforeRead(TorchDispatchMode):
         return out
 
     def wait(self, tensor: torch.Tensor, reader: str) -> torch.Tensor:
-        """``tensor`` waited for, where a collective's unwaited output is read by
-        ``reader``; else ``tensor``."""
+        """``tensor``, waited for first where it is an unwaited collective output."""
         entry = self.pending.pop(id(tensor), None)
         if entry is None:
             return tensor
@@ -121,11 +103,11 @@ class WaitBeforeRead(TorchDispatchMode):
 class Waits(enum.Enum):
     """What an implementation needs of the graph it is traced into."""
 
-    # It waits for its collectives (or has none, or could not be traced: run as it is).
+    # Nothing: it waits for its collectives, has none, or could not be traced.
     NONE = "none"
-    # It returns a collective's output unwaited: a wait follows it.
+    # A wait after it: it returns a collective's output unwaited.
     OUTPUT = "output"
-    # It reads a collective's output before waiting: a wait is needed inside it.
+    # A wait inside it: it reads a collective's output before waiting.
     READS = "reads"
 
     @staticmethod
@@ -135,8 +117,7 @@ class Waits(enum.Enum):
         return Waits.OUTPUT if added else Waits.NONE
 
 
-# What tracing each implementation showed, for as long as it lives: a function
-# defined anew is traced anew.
+# Per implementation, weakly: a function defined anew is traced anew.
 _found: weakref.WeakKeyDictionary[Callable[..., Any], Waits] = (
     weakref.WeakKeyDictionary()
 )
@@ -145,13 +126,8 @@ _found: weakref.WeakKeyDictionary[Callable[..., Any], Waits] = (
 def with_waits(
     implementation: Callable[..., Any], op: torch._ops.OpOverload
 ) -> Callable[..., Any]:
-    """``implementation`` of ``op``, waiting for its functional collectives where its
-    author did not (see :class:`WaitBeforeRead`), at the first read and at its output.
-
-    Dynamo cannot trace a dispatch mode, and traces the branches of upstream's size
-    dispatch (``torch.cond``, an op that does not communicate): there the
-    implementation runs as written; a collective op's dispatch calls
-    :func:`dispatchable` instead."""
+    """``implementation`` of ``op`` under :class:`WaitBeforeRead`. Under Dynamo (a size
+    dispatch's branches) it runs as written: a dispatch calls :func:`dispatchable`."""
 
     @functools.wraps(implementation)
     def waited(*args: Any, **kwargs: Any) -> Any:
@@ -172,15 +148,13 @@ def with_waits(
     return waited
 
 
-# Each wrapper with_waits made, with what it wraps.
 _waited: weakref.WeakKeyDictionary[
     Callable[..., Any], tuple[Callable[..., Any], Any]
 ] = weakref.WeakKeyDictionary()
 
 
 def _wrapped_by_with_waits(fn: Any) -> tuple[Callable[..., Any], Any] | None:
-    """The implementation and op of the with_waits wrapper that ``fn`` is or wraps
-    (functools.wraps), or None."""
+    """(implementation, op) of the with_waits wrapper ``fn`` is or wraps, or None."""
     while fn is not None:
         try:
             found = _waited.get(fn)
@@ -193,11 +167,8 @@ def _wrapped_by_with_waits(fn: Any) -> tuple[Callable[..., Any], Any] | None:
 
 
 def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (made by :func:`with_waits`, or a wrapper of such) for a size dispatch,
-    whose branches are traced once for every call site: the implementation followed by
-    waits for its outputs where Inductor's own trace of it found one unwaited. One
-    found reading an unwaited output inside stops every rank (they all traced it
-    alike). Resolved before the dispatch is traced, so its branches are plain calls."""
+    """``fn`` as a size dispatch's plain call, with the output waits its trace found.
+    Raises CollectiveAutotuneError, on every rank alike, where it reads one inside."""
     from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
 
     wrapped = _wrapped_by_with_waits(fn)
@@ -230,15 +201,13 @@ def _say_waited(op: str, implementation: str, added: Sequence[str]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OwnImplementation:
-    """What tracing the op's own implementation showed."""
+    """What tracing the op's own implementation showed: its waits, its groups' names."""
 
     waits: Waits = Waits.NONE
-    # The process groups (names) of the functional collectives it calls.
     groups: tuple[str, ...] = ()
 
 
-# What tracing each op's own implementation (its Python body) showed, for as long as
-# the body lives: an op defined anew is traced anew.
+# Per op body, weakly: an op defined anew is traced anew.
 _own: weakref.WeakKeyDictionary[Callable[..., Any], OwnImplementation] = (
     weakref.WeakKeyDictionary()
 )
@@ -250,12 +219,9 @@ def trace_own_implementation(
     inputs: Sequence[Any],
     kwargs: dict[str, Any],
 ) -> OwnImplementation:
-    """What ``body``, the op's own implementation (the Python body of ``op``), does with
-    functional collectives when called on ``inputs`` (IR nodes of the call being
-    lowered) with ``kwargs``: on which groups it calls them, and whether it returns
-    one's output unwaited; remembered for :func:`recorded_own_waits`. Raises
-    CollectiveAutotuneError where it reads one inside: the same on every rank, which all
-    trace the same body. A body that cannot be traced runs as it is."""
+    """What ``op``'s Python ``body`` does with functional collectives on IR ``inputs``
+    (a body that cannot be traced runs as it is). Raises CollectiveAutotuneError, on
+    every rank alike, where it reads an unwaited output inside."""
     from torch._inductor.ir import ir_node_to_tensor
     from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
     from torch._inductor.virtualized import V
@@ -275,7 +241,7 @@ def trace_own_implementation(
             make_fx(traced, tracing_mode="symbolic")(
                 *[ir_node_to_tensor(n) for n in inputs]
             )
-    except Exception:  # a body make_fx cannot trace runs as it is
+    except Exception:
         log.debug(
             "the own implementation of %s could not be traced",
             op_name(op),
@@ -302,8 +268,7 @@ def trace_own_implementation(
 
 
 def recorded_own_waits(body: Any) -> Waits:
-    """What :func:`trace_own_implementation` found ``body`` needs (NONE where it did not
-    trace it)."""
+    """What :func:`trace_own_implementation` found ``body`` needs (NONE if untraced)."""
     own = _own.get(body) if body is not None else None
     return own.waits if own is not None else Waits.NONE
 
@@ -316,8 +281,7 @@ def wait_for_output(node: Any) -> Any:
 
 
 def waited_call(call: Callable[..., Any], waits: Waits) -> Callable[..., Any]:
-    """``call`` followed by a wait for its outputs where ``waits`` says it leaves them
-    unwaited."""
+    """``call`` followed by a wait for its outputs where ``waits`` is OUTPUT."""
     if waits is not Waits.OUTPUT:
         return call
 
