@@ -39,6 +39,7 @@ from torch._inductor.kernel.collective.records import (
     SizePath,
     SizePathRecord,
 )
+from torch._inductor.kernel.collective.waits import unwaited
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import process_group_initialized
 from torch._logging import trace_structured
@@ -247,8 +248,7 @@ def benchmark_module(
 
     implementation = implementation_of(choice)
     key = (
-        # The user's function, not its per-range waits wrapper.
-        getattr(implementation, "waits_of", (implementation,))[0],
+        unwaited(implementation),
         repr(sorted(choice.decomposition_kwargs.items())),
         str(neighbours),
         stage,

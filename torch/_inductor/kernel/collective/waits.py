@@ -166,6 +166,13 @@ def _wrapped_by_with_waits(fn: Any) -> tuple[Callable[..., Any], Any] | None:
     return None
 
 
+def unwaited(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The user's implementation that ``fn``'s with_waits wrapper wraps, else ``fn``:
+    the wrapper is made anew at every range, the implementation is not."""
+    wrapped = _wrapped_by_with_waits(fn)
+    return fn if wrapped is None else wrapped[0]
+
+
 def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` as a size dispatch's plain call, with the output waits its trace found.
     Raises CollectiveAutotuneError, on every rank alike, where it reads one inside."""
