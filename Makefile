@@ -56,10 +56,9 @@ demo: overlay
 # lists them (gcc 12 builds each); a value set by the caller wins. The demo and the GPU
 # targets keep Inductor's default.
 test test-2.13 test-2.11: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
-# Under torchrun, the files whose tests run on the job's ranks (cases of another world
-# size skip there). The others (units, contracts, the overlay, ops that do not
-# communicate) use no rank: under torchrun each rank would run them again, side by
-# side, testing nothing more, for a third of the CI's time.
+# The files whose tests run on ranks: under torchrun every process is a rank and each
+# test's body runs in it (cases of another world size skip there). Their tests that use
+# no rank are marked single_process and skip under torchrun.
 RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_collective_op_tuning*.py)
 
 # The three torches install side by side (a minute each, mostly unpacking wheels).
@@ -72,31 +71,49 @@ lint: $(VENV)/.installed
 	$(VPY) -m ruff format --check $(LINTED)
 	$(VPY) -m ruff check $(LINTED)
 
-# Lint; torch 2.13 and 2.11; the rank tests with every process a rank of torchrun (2,
-# then 4 ranks); then every other test self-spawning: a test that passed on every rank
-# of a torchrun lane is not spawned again (test/conftest.py; `pytest test` alone runs
-# them all).
+# Each torch runs its rank tests under torchrun first (processes that live for the whole
+# lane: no spawn and `import torch` per test), then what is left self-spawned: a test
+# that passed on every rank of a torchrun run is not run again
+# (test/inductor/collective_lanes.py; plain `pytest test` runs everything).
 PASSED := build/test-passed
-test: venvs lint overlay test-2.13 test-2.11
-	rm -rf $(PASSED)
-	COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/2 $(VENV)/bin/torchrun --nproc_per_node=2 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
-	COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/4 $(VENV)/bin/torchrun --nproc_per_node=4 -m pytest $(RANK_TESTS) -q -p no:cacheprovider
-	COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/2:$(PASSED)/4 $(VPY) -m pytest test -q
+PYTEST := -m pytest -q -p no:cacheprovider --durations=10
+# $(1) venv, $(2) its record folder, $(3) world size, $(4) test files, $(5) -k filter.
+ranks = COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/$(2)/$(3) \
+	$(1)/bin/torchrun --nproc_per_node=$(3) $(PYTEST) $(4) $(if $(5),-k "$(5)")
+# $(1) venv, $(2) its record folder, $(3) test files, $(4) -k filter.
+rest = COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/$(2)/2:$(PASSED)/$(2)/4 \
+	$(1)/bin/python $(PYTEST) $(3) $(if $(4),-k "$(4)")
 
-# What the older minors run: the overlay's round trip, the upstream contracts, the size
-# dispatch, upstream's test patterns on every rank, ops that do not communicate, the
+# Lint; torch 2.13 and 2.11; then 2.14 with gloo on 2 and 4 ranks.
+test: venvs lint overlay test-2.13 test-2.11
+	rm -rf $(PASSED)/2.14
+	$(call ranks,$(VENV),2.14,2,$(RANK_TESTS),)
+	$(call ranks,$(VENV),2.14,4,$(RANK_TESTS),)
+	$(call rest,$(VENV),2.14,test,)
+
+# What the older minors run: the overlay's round trip, the upstream contracts, the
+# units, the size dispatch, upstream's test patterns, ops that do not communicate, the
 # knob switched off (torch 2.11 lowers such an op itself).
 MINOR_TESTS := test/tools/test_overlay.py test/distributed/test_store_session.py \
-	test/inductor/test_collective_op_tuning_contracts.py test/inductor/test_collective_op_tuning_units.py \
-	test/inductor/test_collective_op_tuning_graphs.py test/inductor/test_collective_op_tuning_conformance.py \
-	test/inductor/test_collective_op_tuning_noncollective.py test/inductor/test_collective_op_tuning.py
+	$(wildcard test/inductor/test_collective_op_tuning_units_*.py) \
+	test/inductor/test_collective_op_tuning_contracts.py \
+	test/inductor/test_collective_op_tuning_graphs.py \
+	test/inductor/test_collective_op_tuning_conformance.py \
+	test/inductor/test_collective_op_tuning_noncollective.py \
+	test/inductor/test_collective_op_tuning.py
 MINOR_SELECT := overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off or one_winner
 
+MINOR_RANK_TESTS = $(filter $(RANK_TESTS),$(MINOR_TESTS))
+
 test-2.13: overlay-2.13
-	$(VPY_213) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"
+	rm -rf $(PASSED)/2.13
+	$(call ranks,$(VENV_213),2.13,2,$(MINOR_RANK_TESTS),$(MINOR_SELECT))
+	$(call rest,$(VENV_213),2.13,$(MINOR_TESTS),$(MINOR_SELECT))
 
 test-2.11: overlay-2.11
-	$(VPY_211) -m pytest -q -p no:cacheprovider $(MINOR_TESTS) -k "$(MINOR_SELECT)"
+	rm -rf $(PASSED)/2.11
+	$(call ranks,$(VENV_211),2.11,2,$(MINOR_RANK_TESTS),$(MINOR_SELECT))
+	$(call rest,$(VENV_211),2.11,$(MINOR_TESTS),$(MINOR_SELECT))
 
 # On a GPU machine whose system python3 already has torch (no network, no venv).
 gpu-demo:

@@ -36,11 +36,9 @@ KEY_REQUESTS_NOW = 6.25
 def on_time_scenario() -> dict:
     """The on-time scenario, run once for the tests that read it."""
     # timeout 30 s (the default): a vote's wait ends within its first slice of 3.75 s.
-    result = bench.run_scenario(
+    return bench.run_scenario(
         bench.Scenario("on_time", 16, 8, timeout=30.0), bench.StandIns()
     )
-    assert result["failed_ranks"] == 0, result["errors"]
-    return result
 
 
 @unittest.skipIf(
@@ -48,29 +46,41 @@ def on_time_scenario() -> dict:
     "simulates its ranks in one process: runs self-spawned only",
 )
 class TestStoreScale(TestCase):
+    def on_time(self) -> dict:
+        """The on-time scenario's result, every rank of it done."""
+        result = on_time_scenario()
+        self.assertEqual(result["failed_ranks"], 0, msg=str(result["errors"]))
+        return result
+
     def test_protocol_is_the_repositorys_file(self) -> None:
-        assert Path(bench.protocol.__file__).resolve() == bench.PROTOCOL_FILE.resolve()
+        self.assertEqual(
+            Path(bench.protocol.__file__).resolve(), bench.PROTOCOL_FILE.resolve()
+        )
         installed = sys.modules.get(bench.PROTOCOL_MODULE)
         if (
             installed is not None
             and Path(installed.__file__).resolve() == bench.PROTOCOL_FILE
         ):
             # The overlay is applied: one module, shared with Inductor's code.
-            assert bench.protocol is installed
+            self.assertIs(bench.protocol, installed)
 
     def test_on_time_cost_per_key_does_not_grow(self) -> None:
         """Every rank pays the same few requests per key; a change that adds a message per
         key fails here (lower KEY_REQUESTS_NOW when a change saves some)."""
-        on_time = on_time_scenario()
+        on_time = self.on_time()
         per_key = on_time["key_messages_per_rank_per_key"]
-        assert per_key["max"] <= KEY_REQUESTS_NOW + 0.5, on_time["by_message_per_rank"]
-        assert on_time["connections"]["measured"] == 16 + 1
+        self.assertLessEqual(
+            per_key["max"], KEY_REQUESTS_NOW + 0.5, msg=on_time["by_message_per_rank"]
+        )
+        self.assertEqual(on_time["connections"]["measured"], 16 + 1)
 
     def test_on_time_cost_per_key_meets_goal(self) -> None:
-        on_time = on_time_scenario()
+        on_time = self.on_time()
         # Everything a rank asks of the Store in the session (its JOIN and heartbeats too),
         # per agreed key.
-        assert on_time["requests_per_rank_per_key"]["max"] <= KEY_REQUESTS_GOAL
+        self.assertLessEqual(
+            on_time["requests_per_rank_per_key"]["max"], KEY_REQUESTS_GOAL
+        )
 
     def test_waiting_ranks_stay_under_two_requests_per_second(self) -> None:
         """The last rank of each group joins 1.5 look intervals late; its peers wait.
@@ -84,18 +94,21 @@ class TestStoreScale(TestCase):
         look = bench.protocol.look_interval(timeout)
         sc = bench.Scenario("late", 16, 8, timeout=timeout, late_s=1.5 * look)
         result = bench.run_scenario(sc, bench.StandIns())
-        assert result["failed_ranks"] == 0, result["errors"]
+        self.assertEqual(result["failed_ranks"], 0, msg=str(result["errors"]))
         waiting = result["waiting"]
-        assert waiting["ranks"] == 14  # every rank but the two late ones waited
+        # Every rank but the two late ones waited.
+        self.assertEqual(waiting["ranks"], 14)
         # Most of the late time: a waiting rank's wait starts after its own JOIN, and its
         # thread may start after the late rank's (2.697 s of 3.0 s on a loaded 2-core VM).
-        assert waiting["seconds"]["min"] >= 0.75 * sc.late_s
-        assert waiting["requests_per_s"]["max"] < WAITING_REQUESTS_PER_S_GOAL, waiting
+        self.assertGreaterEqual(waiting["seconds"]["min"], 0.75 * sc.late_s)
+        self.assertLess(
+            waiting["requests_per_s"]["max"], WAITING_REQUESTS_PER_S_GOAL, msg=waiting
+        )
         # At most two per look interval, and the wait that ends it.
         slices = waiting["seconds"]["max"] / look
-        assert (
-            waiting["requests_per_s"]["max"] * waiting["seconds"]["max"]
-            <= 2 * slices + 1.5
+        self.assertLessEqual(
+            waiting["requests_per_s"]["max"] * waiting["seconds"]["max"],
+            2 * slices + 1.5,
         )
 
 

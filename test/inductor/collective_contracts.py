@@ -26,6 +26,7 @@ one rank where one is needed); contracts about CUDA-only internals run where CUD
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -34,6 +35,7 @@ import inspect
 import itertools
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -2546,7 +2548,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault(
-        "TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="collective_contracts_")
-    )
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        cache = tempfile.mkdtemp(prefix="collective_contracts_")
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     sys.exit(main())

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.utils import clear_caches
 from torch.testing._internal.common_utils import subtest, TestCase
 
 
@@ -95,6 +96,14 @@ class RankResult:
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def single_process(test: Any) -> Any:
+    """Marks a test of a rank-test file that runs no rank body: under torchrun every
+    rank would run it again, side by side, so it skips there and runs once outside."""
+    return unittest.skipIf(
+        under_torchrun(), "uses no rank: runs once, outside torchrun"
+    )(test)
 
 
 def run_ranks(
@@ -235,7 +244,13 @@ def _run_in_process(
         _init(int(os.environ["RANK"]), world_size, "env://", device)
     rank = dist.get_rank()
     group = dist.new_group(list(range(world_size)))
+    # What a spawned rank starts without: Dynamo's frames, Inductor's in-memory caches
+    # (ours among them: the records, the size paths) and the test ops' notes.
+    import collective_ops
+
     torch._dynamo.reset()
+    clear_caches()
+    collective_ops.forget_runs()
     env = {k: v.replace("{rank}", str(rank)) for k, v in env.items()}
     _share_kernels(env["TORCHINDUCTOR_CACHE_DIR"], _shared_kernels())
     with environment(env):
@@ -505,5 +520,5 @@ def costs(
 def assert_all_ok(results: list[RankResult]) -> list[Any]:
     """Every rank's value; fails with every rank's error otherwise."""
     failed = [r for r in results if not r.ok]
-    assert not failed, "\n\n".join(f"rank {r.rank}:\n{r.error}" for r in failed)
+    check.assertFalse(failed, "\n\n".join(f"rank {r.rank}:\n{r.error}" for r in failed))
     return [r.value for r in results]

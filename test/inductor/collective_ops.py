@@ -71,6 +71,13 @@ ran: list[str] = []
 traced_at: dict[str, list[int]] = {}
 
 
+def forget_runs() -> None:
+    """Empties ``ran`` and ``traced_at``: a rank that runs several tests starts each
+    as a spawned one does."""
+    ran.clear()
+    traced_at.clear()
+
+
 def _note_trace(name: str) -> None:
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
 
@@ -381,6 +388,17 @@ def opaque(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tenso
     """The opaque op (DesignedCosts: faster than per_row_cost from 7 rows, than a 12 ms
     op's own below 120)."""
     return opaque_all_reduce(x, group_name)
+
+
+def marked(name: str) -> Callable:
+    """An all-reduce that notes that it ran, as ``name``, and costs nothing more: its
+    cost is what the test gives (collective_harness.given_timings)."""
+
+    def impl(x: torch.Tensor, group_name: str, delay_ms: str = "0") -> torch.Tensor:
+        return mark(fc.wait_tensor(fc.all_reduce(x, "sum", group_name)), name)
+
+    impl.__name__ = name
+    return impl
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,10 @@ from torch.testing._internal.common_utils import (
 
 import collective_ops as ops
 from collective_harness import (
+    single_process,
     CollectiveTestCase,
     assert_all_ok,
+    check,
     compile_and_check,
     Costs,
     DEVICE_CASES,
@@ -38,29 +40,34 @@ from collective_harness import (
     REAL,
     run_ranks,
     short,
-    under_torchrun,
 )
 
 
 def check_agreement(results, n_ops: int, world_size: int) -> list:
     """Every rank made ``n_ops`` identical, benchmarked decisions; returns rank 0's."""
     per_rank = assert_all_ok(results)
-    assert all(len(records) == n_ops for records in per_rank), [
-        len(r) for r in per_rank
-    ]
+    check.assertTrue(
+        all(len(records) == n_ops for records in per_rank),
+        msg=[len(r) for r in per_rank],
+    )
     for records in per_rank[1:]:
-        assert records == per_rank[0], "ranks disagree"
+        check.assertEqual(records, per_rank[0], msg="ranks disagree")
     for record in per_rank[0]:
-        assert record.decision == "benchmark", record
-        assert len(record.group_ranks) == world_size
-        assert all(t.status == "ok" for t in record.timings), record
-        assert all(0 < t.min_us <= t.max_us < math.inf for t in record.timings), record
+        check.assertEqual(record.decision, "benchmark", msg=str(record))
+        check.assertEqual(len(record.group_ranks), world_size)
+        check.assertTrue(all(t.status == "ok" for t in record.timings), msg=record)
+        check.assertTrue(
+            all(0 < t.min_us <= t.max_us < math.inf for t in record.timings), msg=record
+        )
         # The slowest rank's quartiles (each one the largest over the ranks) bracket its median.
-        assert all(
-            0 < t.low_us <= t.max_us <= t.high_us < math.inf for t in record.timings
-        ), record
+        check.assertTrue(
+            all(
+                0 < t.low_us <= t.max_us <= t.high_us < math.inf for t in record.timings
+            ),
+            msg=record,
+        )
         best = min(record.timings, key=lambda t: t.max_us)
-        assert record.winner == best.name, record
+        check.assertEqual(record.winner, best.name, msg=str(record))
     return per_rank[0]
 
 
@@ -124,8 +131,9 @@ def five_ops_body(r: Rank) -> list:
 # -- the slowest rank decides --------------------------------------------------------------
 
 
-def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str) -> list:
-    # "uneven" is fast on average but slow on one rank; "even" is the same everywhere.
+def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str, own_ms: str) -> list:
+    # "uneven" is fast on average but slow on one rank; "even" is the same everywhere;
+    # the op's own implementation waits own_ms.
     ops.register_all_reduce(
         ops.all_reduce_then("uneven", wait_ms=uneven_ms),
         ops.all_reduce_then("even", wait_ms=even_ms),
@@ -133,7 +141,8 @@ def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str) -> list:
     group = r.group.group_name
     with torch._inductor.config.patch(collective_benchmark_nruns=10):
         return compile_and_check(
-            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+            lambda x: ops.all_reduce(x, group, own_ms),
+            torch.randn(8, 8, device=r.device),
         )
 
 
@@ -328,9 +337,9 @@ def switched_off_untraced_body(r: Rank) -> tuple[list, list]:
         for rows in (5, 9, 17):
             x = torch.randn(rows, 4, device=r.device)
             torch.testing.assert_close(dynamic(x), f(x), rtol=1e-4, atol=1e-4)
-    assert len(records) == 3, records
+    check.assertEqual(len(records), 3, msg=str(records))
     # One compile for every size: the op's own implementation keeps them symbolic.
-    assert counter.frame_count == 1, counter.frame_count
+    check.assertEqual(counter.frame_count, 1, msg=str(counter.frame_count))
     return collective_autotune_records()[start:], ops.traced_at.get("per_row_cost", [])
 
 
@@ -418,13 +427,16 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             run_ranks(world_size, one_op_body, device=device), 1, world_size
         )
         # the three registered implementations and the op's own, by readable names
-        assert {t.name for t in record.timings} == {
-            "chunked_all_reduce",
-            "one_all_reduce",
-            "reduce_scatter_all_gather",
-            "default",
-        }
-        assert record.mode == "eager"  # the model runs without CUDA graphs
+        self.assertEqual(
+            {t.name for t in record.timings},
+            {
+                "chunked_all_reduce",
+                "one_all_reduce",
+                "reduce_scatter_all_gather",
+                "default",
+            },
+        )
+        self.assertEqual(record.mode, "eager")  # the model runs without CUDA graphs
 
     @parametrize("device", DEVICE_CASES)
     @parametrize("world_size", [2, 4])
@@ -432,47 +444,56 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         records = check_agreement(
             run_ranks(world_size, three_collectives_body, device=device), 3, world_size
         )
-        assert [r.op for r in records] == [
-            "cat_test::all_reduce_autotuned",
-            "cat_test::all_gather_autotuned",
-            "cat_test::reduce_scatter_autotuned",
-        ]
+        self.assertEqual(
+            [r.op for r in records],
+            [
+                "cat_test::all_reduce_autotuned",
+                "cat_test::all_gather_autotuned",
+                "cat_test::reduce_scatter_autotuned",
+            ],
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_four_ranks_five_ops(self, device):
         records = check_agreement(run_ranks(4, five_ops_body, device=device), 5, 4)
         # One session for the graph: five keys, each agreed and benchmarked in it.
-        assert len({r.session for r in records}) == 1
-        assert len({r.key for r in records}) == 5
+        self.assertEqual(len({r.session for r in records}), 1)
+        self.assertEqual(len({r.key for r in records}), 5)
 
     @parametrize("world_size", [2, 4])
     def test_slowest_rank_rule(self, world_size):
-        # "uneven" costs 18 us on rank 0 and 0 elsewhere, "even" 10 everywhere: by the
+        # "uneven" costs 18 us on rank 0 and 1 elsewhere, "even" 10 everywhere: by the
         # average over the ranks "uneven" is faster, by the slowest rank "even" is.
-        costs = Costs({"uneven": (18.0, 0.0), "even": 10.0})
+        costs = Costs({"uneven": (18.0, 1.0), "even": 10.0})
         (record,) = check_agreement(
-            run_ranks(world_size, slowest_rank_body, "0", "0", timing=costs),
+            run_ranks(world_size, slowest_rank_body, "0", "0", "0", timing=costs),
             1,
             world_size,
         )
         timing = {short(t.name): t for t in record.timings}
-        assert timing["uneven"].max_us == 18.0 and timing["uneven"].min_us == 0.0
-        assert timing["even"].max_us == timing["even"].min_us == 10.0
-        assert short(record.winner) == "even"
+        self.assertEqual(timing["uneven"].max_us, 18.0, atol=0, rtol=0)
+        self.assertEqual(timing["uneven"].min_us, 1.0, atol=0, rtol=0)
+        self.assertEqual(timing["even"].max_us, timing["even"].min_us, atol=0, rtol=0)
+        self.assertEqual(timing["even"].min_us, 10.0, atol=0, rtol=0)
+        self.assertEqual(short(record.winner), "even")
 
     @parametrize("device", DEVICE_CASES)
     def test_the_slowest_ranks_real_time_decides(self, device):
         # Timed for real: "uneven" sleeps 50 ms a call on rank 0 alone, "even" 10 ms on
-        # every rank: 5x apart on their slowest ranks.
+        # every rank, the op's own 60 ms: 5x and 6x apart on their slowest ranks.
         (record,) = check_agreement(
-            run_ranks(2, slowest_rank_body, "50,0", "10", device=device, timing=REAL),
+            run_ranks(
+                2, slowest_rank_body, "50,0", "10", "60", device=device, timing=REAL
+            ),
             1,
             2,
         )
         timing = {short(t.name): t for t in record.timings}
-        assert timing["uneven"].max_us >= 0.9 * 50e3 and timing["even"].max_us >= 9e3
-        assert short(record.winner) == "even"
+        self.assertGreaterEqual(timing["uneven"].max_us, 0.9 * 50e3)
+        self.assertGreaterEqual(timing["even"].max_us, 9e3)
+        self.assertEqual(short(record.winner), "even")
 
+    @single_process
     def test_the_pick_compares_slowest_ranks(self):
         # A pure function of the group's timings (identical on every rank): the choice
         # fastest on its fastest rank, and on average, loses to the one fastest on its
@@ -484,7 +505,7 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             ChoiceTiming("uneven", 12_000.0, 1_000.0, 1, "ok"),
             ChoiceTiming("even", 6_000.0, 5_500.0, 1, "ok"),
         ]
-        assert pick(["uneven", "even"], timings, 1.0, None)[0] == "even"
+        self.assertEqual(pick(["uneven", "even"], timings, 1.0, None)[0], "even")
 
     @parametrize("device", DEVICE_CASES)
     def test_two_groups_in_a_world_of_four_tune_independently(self, device):
@@ -494,9 +515,12 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             run_ranks(4, two_groups_body, device=device, timing=costs)
         )
         (a0,), (a1,), (b0,), (b1,) = per_rank
-        assert a0 == a1 and b0 == b1
-        assert a0.group_ranks == (0, 1) and b0.group_ranks == (2, 3)
-        assert short(a0.winner) == "y" and short(b0.winner) == "x"
+        self.assertEqual(a0, a1)
+        self.assertEqual(b0, b1)
+        self.assertEqual(a0.group_ranks, (0, 1))
+        self.assertEqual(b0.group_ranks, (2, 3))
+        self.assertEqual(short(a0.winner), "y")
+        self.assertEqual(short(b0.winner), "x")
 
     @parametrize("device", DEVICE_CASES)
     def test_non_collective_op_is_tuned_as_before(self, device):
@@ -509,30 +533,30 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             )
         )
         for result in per_rank:
-            assert result == {
-                "records": 0,
-                "sessions_joined": 0,
-                "decisions_known": 0,
-                "store_requests_within_heartbeats": True,
-                "autotuned": 1,
-            }
+            self.assertEqual(
+                result,
+                {
+                    "records": 0,
+                    "sessions_joined": 0,
+                    "decisions_known": 0,
+                    "store_requests_within_heartbeats": True,
+                    "autotuned": 1,
+                },
+            )
 
     def test_group_of_one_rank_is_timed_without_waiting_for_peers(self):
         # Inductor's regular benchmarking deadlocks on gloo collectives while lowering
         # (the Python dispatcher reaches gloo's worker thread), so even a group of one
         # goes through the collective benchmarker: a session of one rank.
         (record,) = check_agreement(run_ranks(1, single_rank_group_body), 1, 1)
-        assert record.group_ranks == (0,)
+        self.assertEqual(record.group_ranks, (0,))
 
+    @single_process
     def test_without_torch_distributed_detection_warns_once_and_declines(self):
         from torch._inductor.kernel.collective.hooks import detect_collective
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        if under_torchrun():
-            self.skipTest(
-                "needs a process without torch.distributed; runs under plain pytest"
-            )
-        assert not dist.is_initialized()
+        self.assertFalse(dist.is_initialized())
         impl = ops.all_reduce_then("one_all_reduce")
         gm = make_fx(impl, tracing_mode="fake")(torch.randn(4, 4), "0", "0")
 
@@ -545,38 +569,43 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             "torch._inductor.kernel.collective.hooks", logging.WARNING
         ) as caught:
             for _ in range(3):
-                assert detect_collective(
-                    "all_reduce_autotuned",
-                    [choice],
-                    torch.ops.cat_test.all_reduce.default,
-                    [{}],
-                ) == ([choice], False, None)
+                self.assertEqual(
+                    detect_collective(
+                        "all_reduce_autotuned",
+                        [choice],
+                        torch.ops.cat_test.all_reduce.default,
+                        [{}],
+                    ),
+                    ([choice], False, None),
+                )
         warnings = [r for r in caught.records if "not initialised" in r.getMessage()]
-        assert len(warnings) == 1
+        self.assertEqual(len(warnings), 1)
 
     @parametrize("device", DEVICE_CASES)
     def test_wrong_and_fast_choice_is_rejected_on_every_rank(self, device):
         per_rank = assert_all_ok(run_ranks(2, wrong_and_fast_body, device=device))
         (record,), (other,) = per_rank
-        assert record == other
+        self.assertEqual(record, other)
         status = {short(t.name): t.reason for t in record.timings}
-        assert (
-            "rejected: output differs from the reference"
-            in status["skips_the_reduction"]
+        self.assertIn(
+            "rejected: output differs from the reference", status["skips_the_reduction"]
         )
-        assert short(record.winner) != "skips_the_reduction"
+        self.assertNotEqual(short(record.winner), "skips_the_reduction")
 
     def test_deterministic_mode_agrees_on_the_op_itself_untimed(self):
         (a,), (b,) = assert_all_ok(run_ranks(2, deterministic_body))
-        assert a == b and a.decision == "use" and a.timings == ()
-        assert short(a.winner) == "default" and "deterministic" in a.reason
+        self.assertEqual(a, b)
+        self.assertEqual(a.decision, "use")
+        self.assertEqual(a.timings, ())
+        self.assertEqual(short(a.winner), "default")
+        self.assertIn("deterministic", a.reason)
 
     @parametrize("device", DEVICE_CASES)
     def test_op_whose_input_is_a_fused_pointwise_expression(self, device):
         (record,) = check_agreement(
             run_ranks(2, pointwise_input_body, device=device), 1, 2
         )
-        assert len(record.timings) == 4
+        self.assertEqual(len(record.timings), 4)
 
     @parametrize("device", DEVICE_CASES)
     @parametrize("ranks", ["1", "all"])
@@ -584,15 +613,20 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         (a,), (b,) = assert_all_ok(
             run_ranks(2, refused_when_traced_body, ranks, device=device)
         )
-        assert a == b and a.decision == "benchmark"
-        assert {t.name for t in a.timings} == {
-            "one_all_reduce",
-            "reduce_scatter_all_gather",
-            "default",
-        }
+        self.assertEqual(a, b)
+        self.assertEqual(a.decision, "benchmark")
+        self.assertEqual(
+            {t.name for t in a.timings},
+            {
+                "one_all_reduce",
+                "reduce_scatter_all_gather",
+                "default",
+            },
+        )
         # The reason names the choice, the rank and what it raised.
-        assert "needs_capability" in a.reason and "group rank 1" in a.reason
-        assert "NotImplementedError" in a.reason
+        self.assertIn("needs_capability", a.reason)
+        self.assertIn("group rank 1", a.reason)
+        self.assertIn("NotImplementedError", a.reason)
 
     @parametrize(
         "threshold,expected",
@@ -614,9 +648,11 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         (a,), (b,) = assert_all_ok(
             run_ranks(2, threshold_body, threshold, timing=costs)
         )
-        assert a == b and a.decision == "benchmark" and a.winner == expected, (a, b)
+        self.assertEqual(a, b, msg=str((a, b)))
+        self.assertEqual(a.decision, "benchmark", msg=str((a, b)))
+        self.assertEqual(a.winner, expected, msg=str((a, b)))
         if expected == "default":
-            assert "min_speedup_threshold=8" in a.reason, a.reason
+            self.assertIn("min_speedup_threshold=8", a.reason, msg=a.reason)
 
     @parametrize("device", DEVICE_CASES)
     def test_benchmark_with_cudagraphs_times_in_graph_mode(self, device):
@@ -632,20 +668,22 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         (a,), (b,) = assert_all_ok(
             run_ranks(2, cudagraph_registration_body, device=device)
         )
-        assert a == b and a.decision == "benchmark"
+        self.assertEqual(a, b)
+        self.assertEqual(a.decision, "benchmark")
         # CUDA graphs need CUDA: on the CPU the choices are timed eagerly, as the model runs.
-        assert a.mode == ("graph" if device == "cuda" else "eager")
+        self.assertEqual(a.mode, "graph" if device == "cuda" else "eager")
 
     @parametrize("device", DEVICE_CASES)
     def test_collective_autotuning_switched_off(self, device):
         (record,), (other,) = assert_all_ok(
             run_ranks(2, switched_off_body, device=device)
         )
-        assert (
-            record == other and record.winner == "default" and record.decision == "use"
-        )
-        assert "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0" in record.reason
-        assert record.session == "" and record.timings == ()  # no session at all
+        self.assertEqual(record, other)
+        self.assertEqual(record.winner, "default")
+        self.assertEqual(record.decision, "use")
+        self.assertIn("TORCHINDUCTOR_COLLECTIVE_AUTOTUNE=0", record.reason)
+        self.assertEqual(record.session, "")
+        self.assertEqual(record.timings, ())  # no session at all
 
     @parametrize("device", DEVICE_CASES)
     def test_switched_off_traces_no_implementation(self, device):
@@ -654,13 +692,18 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         for records, traced in assert_all_ok(
             run_ranks(2, switched_off_untraced_body, device=device)
         ):
-            assert traced == [], traced
+            self.assertEqual(traced, [], msg=str(traced))
             # One per call site of each compile, the static one and the dynamic one.
-            assert len(records) == 6 and all(
-                r.winner == "default" and r.decision == "use" and r.session == ""
-                for r in records
-            ), records
+            self.assertEqual(len(records), 6, msg=str(records))
+            self.assertTrue(
+                all(
+                    r.winner == "default" and r.decision == "use" and r.session == ""
+                    for r in records
+                ),
+                msg=records,
+            )
 
+    @single_process
     def test_switch_off_variable_sets_the_knob(self):
         import os
 
@@ -669,28 +712,30 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         done = subprocess.run(
             [sys.executable, "-c", code], env=env, capture_output=True, text=True
         )
-        assert done.stdout.strip() == "False", done.stderr
+        self.assertEqual(done.stdout.strip(), "False", msg=done.stderr)
 
     def test_tables_and_logs_name_choices_readably(self):
         text, _ = assert_all_ok(run_ranks(2, labelled_body))
-        assert (
-            "chunked(chunks=2)" in text
-            and "chunked(chunks=4)" in text
-            and "default" in text
-        )
-        assert "its quartiles us" in text  # what "clearly faster" compares
-        assert "_autotuned_" not in text and "group_name" not in text
+        self.assertIn("chunked(chunks=2)", text)
+        self.assertIn("chunked(chunks=4)", text)
+        self.assertIn("default", text)
+        self.assertIn("its quartiles us", text)  # what "clearly faster" compares
+        self.assertNotIn("_autotuned_", text)
+        self.assertNotIn("group_name", text)
 
     @unittest.skipIf(not torch.cuda.is_available(), "needs CUDA")
     def test_benchmarks_on_the_cuda_device_of_the_ops_tensors_not_the_current_one(self):
         check_agreement(run_ranks(2, other_current_device_body, device="cuda"), 1, 2)
 
+    @single_process
     def test_benchmark_device_is_the_ops_own(self):
         from torch._inductor.runtime.collective_benchmarking import benchmark_device
 
         # An explicit index is kept whatever device is current; CPU stays CPU.
-        assert benchmark_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
-        assert benchmark_device(torch.device("cpu")) == torch.device("cpu")
+        self.assertEqual(
+            benchmark_device(torch.device("cuda", 1)), torch.device("cuda", 1)
+        )
+        self.assertEqual(benchmark_device(torch.device("cpu")), torch.device("cpu"))
 
     def test_each_decision_is_in_compile_metrics_and_a_tlparse_artifact(self):
         trace = self.tmp_path / "trace"
@@ -700,25 +745,22 @@ class TestCollectiveOpTuning(CollectiveTestCase):
             )
         )
         # dynamo_timed: counted in compile_time_autotune_time_us with Inductor's own tuning.
-        assert (
-            a["timed"]
-            == b["timed"]
-            == ["cat_test::all_reduce_autotuned_collective_autotuning"]
+        self.assertEqual(a["timed"], b["timed"])
+        self.assertEqual(
+            b["timed"], ["cat_test::all_reduce_autotuned_collective_autotuning"]
         )
         # One artifact per decision in each rank's TORCH_TRACE log, as tlparse reads it.
         logs = sorted(trace.glob("*.log"))
-        assert len(logs) == 2, logs
+        self.assertEqual(len(logs), 2, msg=str(logs))
         for log in logs:
             artifacts = [
                 json.loads(line[line.index("] ") + 2 :])
                 for line in log.read_text().splitlines()
                 if '"collective_autotuning"' in line and line.startswith("V")
             ]
-            assert (
-                len(artifacts) == 1
-                and artifacts[0]["artifact"]["name"] == "collective_autotuning"
-            )
-        assert a["record"].key in "".join(log.read_text() for log in logs)
+            self.assertEqual(len(artifacts), 1)
+            self.assertEqual(artifacts[0]["artifact"]["name"], "collective_autotuning")
+        self.assertIn(a["record"].key, "".join(log.read_text() for log in logs))
 
 
 instantiate_parametrized_tests(TestCollectiveOpTuning)

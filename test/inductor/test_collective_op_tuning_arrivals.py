@@ -263,20 +263,25 @@ class TestArrivals(CollectiveTestCase):
     def test_rank_arriving_after_the_timeout_follows_the_decision_at_once(self, device):
         results = run_ranks(2, late_rank_body, 1, device=device)
         (early,), (late,) = assert_all_ok(results)
-        assert early == late and early.decision == "use"
-        assert short(early.winner) == "default"
-        assert "did not arrive" in early.reason
-        assert early.waited_s >= TIMEOUT_S * 0.9
-        assert late.waited_s < 1.0  # it read the decision instead of starting a wait
-        assert max(r.wall_s for r in results) < TIMEOUT_S + 2 * COMPILE_MARGIN_S
+        self.assertEqual(early, late)
+        self.assertEqual(early.decision, "use")
+        self.assertEqual(short(early.winner), "default")
+        self.assertIn("did not arrive", early.reason)
+        self.assertGreaterEqual(early.waited_s, TIMEOUT_S * 0.9)
+        # It read the decision instead of starting a wait (one would last TIMEOUT_S).
+        self.assertLess(late.waited_s, TIMEOUT_S / 2)
+        self.assertLess(
+            max(r.wall_s for r in results), TIMEOUT_S + 2 * COMPILE_MARGIN_S
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_rank_that_never_tunes_the_op(self, device):
         results = run_ranks(2, never_tunes_body, device=device)
         (tuned,), untouched = assert_all_ok(results)
-        assert untouched == []
-        assert tuned.decision == "use" and short(tuned.winner) == "default"
-        assert max(r.wall_s for r in results) < TIMEOUT_S + COMPILE_MARGIN_S
+        self.assertEqual(untouched, [])
+        self.assertEqual(tuned.decision, "use")
+        self.assertEqual(short(tuned.winner), "default")
+        self.assertLess(max(r.wall_s for r in results), TIMEOUT_S + COMPILE_MARGIN_S)
 
     @parametrize("device", DEVICE_CASES)
     def test_ranks_compiling_different_ops_at_the_same_point(self, device):
@@ -284,86 +289,104 @@ class TestArrivals(CollectiveTestCase):
         first, second = assert_all_ok(results)
         # Each rank waited once, alone, and fell back; the other rank's later compile of
         # that shape followed that decision of the group, without waiting.
-        assert first.keys() == second.keys() and len(first) == 2
+        self.assertEqual(first.keys(), second.keys())
+        self.assertEqual(len(first), 2)
         for key in first:
-            assert first[key] == second[key] and first[key].winner == "default"
-        assert sorted(
-            rec.waited_s > TIMEOUT_S * 0.9
-            for rec in [*first.values(), *second.values()]
-        ) == [False, False, True, True]
-        assert max(r.wall_s for r in results) < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+            self.assertEqual(first[key], second[key])
+            self.assertEqual(first[key].winner, "default")
+        self.assertEqual(
+            sorted(
+                rec.waited_s > TIMEOUT_S * 0.9
+                for rec in [*first.values(), *second.values()]
+            ),
+            [False, False, True, True],
+        )
+        self.assertLess(
+            max(r.wall_s for r in results), 2 * TIMEOUT_S + COMPILE_MARGIN_S
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_two_groups_tuning_concurrently_one_starting_late(self, device):
         per_rank = assert_all_ok(run_ranks(4, two_groups_one_late_body, device=device))
         (a0,), (a1,), (b0,), (b1,) = per_rank
-        assert a0 == a1 and b0 == b1
-        assert a0.decision == b0.decision == "benchmark"
+        self.assertEqual(a0, a1)
+        self.assertEqual(b0, b1)
+        self.assertEqual(a0.decision, b0.decision)
+        self.assertEqual(b0.decision, "benchmark")
         # The punctual group never waited on the late one.
-        assert a0.waited_s < TIMEOUT_S and a1.waited_s < TIMEOUT_S
+        self.assertLess(a0.waited_s, TIMEOUT_S)
+        self.assertLess(a1.waited_s, TIMEOUT_S)
 
     def test_stress_twenty_sessions_with_mixed_arrivals(self):
-        assert {moment for _, moment in stress_arrivals(7)} == set(
-            ARRIVALS
-        )  # every kind
+        # Every kind.
+        self.assertEqual({moment for _, moment in stress_arrivals(7)}, set(ARRIVALS))
         results = run_ranks(2, stress_body, 7, timeout_s=600)
         a, b = assert_all_ok(results)  # zero hangs
-        assert len(a) == len(b) == STRESS_SESSIONS
-        assert a == b  # zero disagreements
+        self.assertEqual(len(a), len(b))
+        self.assertEqual(len(b), STRESS_SESSIONS)
+        self.assertEqual(a, b)  # zero disagreements
         # Each session either timed its key with the whole group or fell back, for this job only.
-        assert all(
-            rec.decision == "benchmark" or (rec.winner == "default" and rec.provisional)
-            for rec in a
-        ), a
+        self.assertTrue(
+            all(
+                rec.decision == "benchmark"
+                or (rec.winner == "default" and rec.provisional)
+                for rec in a
+            ),
+            msg=a,
+        )
         # A rank arriving after its peer decided finds a fallback.
         for rec, (_, moment) in zip(a, stress_arrivals(7)):
             if moment == DECIDED:
-                assert rec.winner == "default" and rec.provisional, rec
+                self.assertEqual(rec.winner, "default", msg=str(rec))
+                self.assertTrue(rec.provisional, msg=rec)
 
     @parametrize("device", DEVICE_CASES)
     def test_ranks_with_different_compile_histories_still_tune_together(self, device):
         (a,), (b,) = assert_all_ok(
             run_ranks(2, different_histories_body, device=device)
         )
-        assert a == b and a.decision == "benchmark"
+        self.assertEqual(a, b)
+        self.assertEqual(a.decision, "benchmark")
 
     @parametrize("device", DEVICE_CASES)
     def test_rank_that_tuned_alone_does_not_stall_later_sessions(self, device):
         first, second = assert_all_ok(run_ranks(2, tuned_alone_body, device=device))
         (alone,) = first["alone"]
-        assert (
-            alone.decision == "use"
-            and alone.winner == "default"
-            and second["alone"] == []
-        )
+        self.assertEqual(alone.decision, "use")
+        self.assertEqual(alone.winner, "default")
+        self.assertEqual(second["alone"], [])
         # Rank 1 follows the group's decision without a wait of its own.
         (same,) = second["same"]
-        assert same.winner == "default" and same.waited_s < 1.0
-        assert all(rec.winner == "default" for rec in first["same"])
-        assert second["same_waited_s"] < 1.0
+        self.assertEqual(same.winner, "default")
+        # No wait: one would last the body's timeout, 2 * TIMEOUT_S.
+        self.assertLess(same.waited_s, TIMEOUT_S)
+        self.assertTrue(all(rec.winner == "default" for rec in first["same"]))
+        self.assertLess(second["same_waited_s"], TIMEOUT_S)
         (new0,), (new1,) = first["new"], second["new"]
-        assert new0 == new1 and new0.decision == "benchmark"
+        self.assertEqual(new0, new1)
+        self.assertEqual(new0.decision, "benchmark")
 
     @parametrize("works", [True, False])
     def test_a_vote_waits_for_a_working_peer_and_not_for_a_silent_one(self, works):
         early, late = assert_all_ok(run_ranks(2, vote_after_body, works))
-        assert late["error"] is None
+        self.assertIsNone(late["error"])
         if works:
-            assert early["error"] is None and early["s"] > 2.5
+            self.assertIsNone(early["error"])
+            self.assertGreater(early["s"], 2.5)
         else:
-            assert (
-                "late: group ranks [1] did not report and were silent for 1 s"
-                in early["error"]
+            self.assertIn(
+                "late: group ranks [1] did not report and were silent for 1 s",
+                early["error"],
             )
             # Under torchrun, rank 1 beat in earlier tests: then it says where, long ago.
-            assert (
+            self.assertTrue(
                 "group rank 1 never reported progress" in early["error"]
                 or "group rank 1 was last heard" in early["error"]
             )
             from torch.distributed._store_session import look_interval
 
             # (Five times the timeout and a look interval: a bound, not a measurement.)
-            assert early["s"] < 5 * (1.0 + look_interval(1.0))
+            self.assertLess(early["s"], 5 * (1.0 + look_interval(1.0)))
 
     def test_a_cold_rank_compiling_longer_than_the_timeout_is_waited_for(self):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")}
@@ -380,9 +403,11 @@ class TestArrivals(CollectiveTestCase):
         (warm,), (cold,) = assert_all_ok(results)
         # The warm rank waited (its cache hit, then its votes) through the cold rank's
         # compile, over three timeouts long, and both tuned together.
-        assert results[0].wall_s > SLOW_TRACE_S
-        assert warm == cold and warm.source == "benchmark"
-        assert warm.winner == first.winner == "default"
+        self.assertGreater(results[0].wall_s, SLOW_TRACE_S)
+        self.assertEqual(warm, cold)
+        self.assertEqual(warm.source, "benchmark")
+        self.assertEqual(warm.winner, first.winner)
+        self.assertEqual(first.winner, "default")
 
 
 instantiate_parametrized_tests(TestArrivals)

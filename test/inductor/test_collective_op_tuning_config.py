@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import unittest
 
 import torch
 import torch.distributed as dist
@@ -24,11 +23,11 @@ from torch.testing._internal.common_utils import (
 
 import collective_ops as ops
 from collective_harness import (
+    single_process,
     assert_all_ok,
     compile_and_check,
     Rank,
     run_ranks,
-    under_torchrun,
 )
 from collective_scenarios import (
     COMPILE_MARGIN_S,
@@ -118,10 +117,11 @@ class TestConfiguration(TestCase):
     )
     def test_bad_configuration_fails_at_once(self, patch, group, message):
         (result,) = run_ranks(1, bad_config_body, patch, group)
-        assert result.error is not None and message in result.error
-        assert result.wall_s < COMPILE_MARGIN_S
+        self.assertIsNotNone(result.error)
+        self.assertIn(message, result.error)
+        self.assertLess(result.wall_s, COMPILE_MARGIN_S)
 
-    @unittest.skipIf(under_torchrun(), "one process: runs self-spawned only")
+    @single_process
     def test_unparsable_environment_value_names_the_variable(self):
         # Read at import, as upstream's numeric knobs are.
         env = {**os.environ, "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS": "many"}
@@ -150,15 +150,17 @@ class TestConfiguration(TestCase):
     ):
         results = assert_all_ok(run_ranks(2, differing_knob_body, knob, values))
         for result in results:
-            assert (
-                result["error"] is not None
-                and "CollectiveAutotuneError" in result["error"]
-            ), result
-            assert f"TORCHINDUCTOR_{knob.upper()}" in result["error"], result["error"]
-            assert f"{values[0]!r} on group ranks [0]" in result["error"], result[
-                "error"
-            ]
-            assert result["s"] < COMPILE_MARGIN_S
+            self.assertIsNotNone(result["error"], msg=result)
+            self.assertIn("CollectiveAutotuneError", result["error"], msg=result)
+            self.assertIn(
+                f"TORCHINDUCTOR_{knob.upper()}", result["error"], msg=result["error"]
+            )
+            self.assertIn(
+                f"{values[0]!r} on group ranks [0]",
+                result["error"],
+                msg=result["error"],
+            )
+            self.assertLess(result["s"], COMPILE_MARGIN_S)
 
     def test_switched_off_the_patch_uses_no_store_and_no_thread(self):
         off = {"TORCHINDUCTOR_COLLECTIVE_AUTOTUNE": "0"}
@@ -167,12 +169,11 @@ class TestConfiguration(TestCase):
         )
         for result in (a, b):
             (record,) = result["records"]
-            assert record.winner == "default" and record.session == ""
-            assert (
-                result["new_keys"] == 0
-                and not result["participant"]
-                and result["threads"] == []
-            ), result
+            self.assertEqual(record.winner, "default")
+            self.assertEqual(record.session, "")
+            self.assertEqual(result["new_keys"], 0, msg=str(result))
+            self.assertFalse(result["participant"], msg=result)
+            self.assertEqual(result["threads"], [], msg=str(result))
 
 
 instantiate_parametrized_tests(TestConfiguration)

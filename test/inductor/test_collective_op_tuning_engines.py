@@ -380,12 +380,14 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
         return result
 
 
-def assert_every_size_ran_its_winner(case: Case, flows: list[dict]) -> None:
+def assert_every_size_ran_its_winner(
+    test: CollectiveTestCase, case: Case, flows: list[dict]
+) -> None:
     for f in flows:
         expected = {n: [case.expected(n)] for n in SIZES}
-        assert f["ran"] == expected, (f["flow"], f["ran"], expected)
-        assert f["compiled_after_warm_up"] == 0, f
-        assert f.get("frames", 1) == 1, f
+        test.assertEqual(f["ran"], expected, msg=str((f["flow"], f["ran"], expected)))
+        test.assertEqual(f["compiled_after_warm_up"], 0, msg=str(f))
+        test.assertEqual(f.get("frames", 1), 1, msg=str(f))
 
 
 class TestServingEngines(CollectiveTestCase):
@@ -398,31 +400,42 @@ class TestServingEngines(CollectiveTestCase):
         )
         flows = {f["flow"]: f for f in results[0]}
         for other in results[1:]:
-            assert [f["ran"] for f in other] == [f["ran"] for f in results[0]]
-        assert_every_size_ran_its_winner(case, results[0])
+            self.assertEqual([f["ran"] for f in other], [f["ran"] for f in results[0]])
+        assert_every_size_ran_its_winner(self, case, results[0])
         # The winners change where the costs cross, found at every ladder point.
         expected_points = {"crossover": [64], "sweet_spot": [16, 256]}[case_name]
-        assert flows["guard_filter"]["points"] == expected_points
+        self.assertEqual(flows["guard_filter"]["points"], expected_points)
         # Plain torch.compile guards its graph on a range; where the guards are
         # filtered out, the cached range graph is passed over and the graph dispatches
         # by size inside, saying why.
         # (A later site of a range graph knows its range from the first site's guard.)
         plain = [p for p, _ in flows["plain"]["paths"]]
-        assert SizePath.RANGE_GRAPH in plain and SizePath.SIZE_DISPATCH not in plain
+        self.assertIn(SizePath.RANGE_GRAPH, plain)
+        self.assertNotIn(SizePath.SIZE_DISPATCH, plain)
         for name in ("guard_filter", "split_compile_fx", "aot_compile"):
             paths = flows[name]["paths"]
-            assert paths and {p for p, _ in paths} == {SizePath.SIZE_DISPATCH}, paths
-        assert all(
-            "guard_filter_fn (skip_all_guards_unsafe) drops its shape guards" in why
-            for _, why in flows["guard_filter"]["paths"]
-        ), flows["guard_filter"]["paths"]
-        assert all(
-            "not compiled by a Dynamo frame's guarded compile" in why
-            for _, why in flows["aot_compile"]["paths"]
-        ), flows["aot_compile"]["paths"]
+            self.assertTrue(paths, msg=paths)
+            self.assertEqual(
+                {p for p, _ in paths}, {SizePath.SIZE_DISPATCH}, msg=str(paths)
+            )
+        self.assertTrue(
+            all(
+                "guard_filter_fn (skip_all_guards_unsafe) drops its shape guards" in why
+                for _, why in flows["guard_filter"]["paths"]
+            ),
+            msg=flows["guard_filter"]["paths"],
+        )
+        self.assertTrue(
+            all(
+                "not compiled by a Dynamo frame's guarded compile" in why
+                for _, why in flows["aot_compile"]["paths"]
+            ),
+            msg=flows["aot_compile"]["paths"],
+        )
         # Each compile range inlines one winner per site: no dispatch, no guard.
         ranged = [p for p, _ in flows["compile_ranges"]["paths"]]
-        assert SizePath.KNOWN_RANGE in ranged and SizePath.RANGE_GRAPH not in ranged
+        self.assertIn(SizePath.KNOWN_RANGE, ranged)
+        self.assertNotIn(SizePath.RANGE_GRAPH, ranged)
 
     def test_a_restarted_engine_loads_its_graphs_and_runs_each_sizes_winner(self):
         """Warm caches: the guard-filtered compile loads its graph (nothing timed) and
@@ -447,12 +460,16 @@ class TestServingEngines(CollectiveTestCase):
         ]
         for job in jobs:
             for rank in job:
-                assert rank["filtered"] == expected, rank
-                assert rank["points"] == [16, 256], rank
-                assert rank["aot"]["ran"] == expected, rank
-                assert rank["aot"]["compiled_after_warm_up"] == 0, rank
-        assert all("benchmark" in rank["sources"] for rank in jobs[0])
-        assert all(rank["sources"] == ["cache"] for rank in jobs[1]), jobs[1]
+                self.assertEqual(rank["filtered"], expected, msg=str(rank))
+                self.assertEqual(rank["points"], [16, 256], msg=str(rank))
+                self.assertEqual(rank["aot"]["ran"], expected, msg=str(rank))
+                self.assertEqual(
+                    rank["aot"]["compiled_after_warm_up"], 0, msg=str(rank)
+                )
+        self.assertTrue(all("benchmark" in rank["sources"] for rank in jobs[0]))
+        self.assertTrue(
+            all(rank["sources"] == ["cache"] for rank in jobs[1]), msg=jobs[1]
+        )
 
 
 instantiate_parametrized_tests(TestServingEngines)

@@ -17,8 +17,10 @@ from torch.testing._internal.common_utils import (
 
 import collective_ops as ops
 from collective_harness import (
+    single_process,
     CollectiveTestCase,
     assert_all_ok,
+    check,
     compile_and_check,
     DEVICE_CASES,
     Rank,
@@ -109,7 +111,7 @@ def writes_input_body(r: Rank) -> list:
     x = torch.randn(8, 8, device=r.device)
     before = x.clone()
     records = compile_and_check(lambda t: ops.all_reduce(t, r.group.group_name), x)
-    assert torch.equal(x, before), "the user's tensor changed"
+    check.assertTrue(torch.equal(x, before), msg="the user's tensor changed")
     return records
 
 
@@ -151,13 +153,17 @@ class TestFailingChoices(CollectiveTestCase):
         self, device
     ):
         (a,), (b,) = assert_all_ok(run_ranks(2, unbuildable_body, device=device))
-        assert a == b and a.decision == "benchmark"
-        assert "dropped unbuildable (group rank 1: does not build" in a.reason
-        assert "planted lowering failure on rank 1" in a.reason
-        assert {short(t.name) for t in a.timings} - {"default"} == {
-            "one_all_reduce",
-            "reduce_scatter_all_gather",
-        }
+        self.assertEqual(a, b)
+        self.assertEqual(a.decision, "benchmark")
+        self.assertIn("dropped unbuildable (group rank 1: does not build", a.reason)
+        self.assertIn("planted lowering failure on rank 1", a.reason)
+        self.assertEqual(
+            {short(t.name) for t in a.timings} - {"default"},
+            {
+                "one_all_reduce",
+                "reduce_scatter_all_gather",
+            },
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_choice_raising_at_run_time_on_one_rank_stops_every_rank_clearly(
@@ -167,27 +173,26 @@ class TestFailingChoices(CollectiveTestCase):
             2, planted_fault_body, "raises", device=device, breaks_the_group=True
         )
         for result in results:
-            assert result.error is not None, (
-                f"rank {result.rank} went on: {result.value}"
+            self.assertIsNotNone(
+                result.error, msg=f"rank {result.rank} went on: {result.value}"
             )
-            assert "CollectiveAutotuneError" in result.error
-            assert "raises" in result.error, result.error  # the choice
-            assert "planted failure on rank 1" in result.error, (
-                result.error
-            )  # the failing rank's report
-            assert result.wall_s < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+            self.assertIn("CollectiveAutotuneError", result.error)
+            self.assertIn("raises", result.error, msg=result.error)  # the choice
+            # The failing rank's report.
+            self.assertIn("planted failure on rank 1", result.error, msg=result.error)
+            self.assertLess(result.wall_s, 2 * TIMEOUT_S + COMPILE_MARGIN_S)
 
     @parametrize("device", DEVICE_CASES)
     def test_rank_killed_mid_session(self, device):
         survivor, dead = run_ranks(
             2, planted_fault_body, "dies", device=device, breaks_the_group=True
         )
-        assert dead.wall_s is None  # it never reported
-        assert (
-            survivor.error is not None and "CollectiveAutotuneError" in survivor.error
-        )
-        assert "dies" in survivor.error, survivor.error  # the choice it was running
-        assert survivor.wall_s < 2 * TIMEOUT_S + COMPILE_MARGIN_S
+        self.assertIsNone(dead.wall_s)  # it never reported
+        self.assertIsNotNone(survivor.error)
+        self.assertIn("CollectiveAutotuneError", survivor.error)
+        # The choice it was running.
+        self.assertIn("dies", survivor.error, msg=survivor.error)
+        self.assertLess(survivor.wall_s, 2 * TIMEOUT_S + COMPILE_MARGIN_S)
 
     def test_a_rank_killed_while_its_peers_wait_for_it_fails_them_within_the_timeout(
         self,
@@ -200,24 +205,22 @@ class TestFailingChoices(CollectiveTestCase):
             env={"CAT_TEST_DEATH_FILE": str(death)},
             breaks_the_group=True,
         )
-        assert dead.wall_s is None  # it never reported
-        assert survivor.ok and survivor.value["error"] is not None, survivor
+        self.assertIsNone(dead.wall_s)  # it never reported
+        self.assertTrue(survivor.ok, msg=survivor)
+        self.assertIsNotNone(survivor.value["error"], msg=survivor)
         error = survivor.value["error"]
         # Nothing stored: the ranks build the site's choices before its one vote, which waits.
-        assert (
-            "CollectiveAutotuneError: site/" in error
-            and ": group ranks [1] did not report" in error
-        ), error
-        assert (
-            "group rank 1 was last heard" in error
-            and "compiling the choices of site/" in error
-        ), error
+        self.assertIn("CollectiveAutotuneError: site/", error, msg=error)
+        self.assertIn(": group ranks [1] did not report", error, msg=error)
+        self.assertIn("group rank 1 was last heard", error, msg=error)
+        self.assertIn("compiling the choices of site/", error, msg=error)
         from torch.distributed._store_session import look_interval
 
         # Within the timeout and one look interval of silence (the docs' fault table;
         # bounded here at five times that).
-        assert survivor.value["failed_at"] - float(death.read_text()) < 5 * (
-            TIMEOUT_S + look_interval(TIMEOUT_S)
+        self.assertLess(
+            survivor.value["failed_at"] - float(death.read_text()),
+            5 * (TIMEOUT_S + look_interval(TIMEOUT_S)),
         )
 
     def test_a_choice_reading_a_collective_before_waiting_is_waited_for_and_timed_on_every_rank(
@@ -226,36 +229,44 @@ class TestFailingChoices(CollectiveTestCase):
         (a,), (b,) = assert_all_ok(
             run_ranks(2, reads_before_wait_body)
         )  # compiled == eager
-        assert a == b  # the same decision, and the same words, on every rank
-        assert a.decision == "benchmark", a
-        assert {short(t.name): t.status for t in a.timings}[
-            "reads_before_wait"
-        ] == "ok", a
+        self.assertEqual(a, b)  # the same decision, and the same words, on every rank
+        self.assertEqual(a.decision, "benchmark", msg=str(a))
+        self.assertEqual(
+            {short(t.name): t.status for t in a.timings}["reads_before_wait"],
+            "ok",
+            msg=str(a),
+        )
 
+    @single_process
     def test_a_screen_rejection_names_each_rank_and_its_error(self):
         from torch._inductor.runtime.collective_benchmarking import _rejection
 
         wrong = "rejected: output differs from the reference (max abs error 7.95)"
         # A rank that accepted the choice has no report ("").
-        assert _rejection([wrong, ""]) == (
+        self.assertEqual(
+            _rejection([wrong, ""]),
             f"rejected by group ranks [0] (group rank 0: {wrong}), accepted by group ranks [1]: a "
-            "result that differs between ranks suggests it reads data before a collective completed"
+            "result that differs between ranks suggests it reads data before a collective completed",
         )
-        assert (
-            _rejection([wrong, wrong])
-            == f"rejected by every rank: group rank 0: {wrong}; group rank 1: {wrong}"
+        self.assertEqual(
+            _rejection([wrong, wrong]),
+            f"rejected by every rank: group rank 0: {wrong}; group rank 1: {wrong}",
         )
 
     def test_a_choice_that_writes_into_its_input_is_dropped(self):
         (a,), (b,) = assert_all_ok(run_ranks(2, writes_input_body))
-        assert a == b and a.winner != "writes_into_input"
+        self.assertEqual(a, b)
+        self.assertNotEqual(a.winner, "writes_into_input")
         # Found in its traced graph, on every rank alike: never timed, never inlined.
-        assert (
+        self.assertIn(
             "dropped writes_into_input (group ranks [0, 1]: writes into input 0 (aten::copy_), which the op "
-            "does not declare it mutates)" in a.reason
-        ), a.reason
-        assert "writes_into_input" not in {t.name for t in a.timings}
+            "does not declare it mutates)",
+            a.reason,
+            msg=a.reason,
+        )
+        self.assertNotIn("writes_into_input", {t.name for t in a.timings})
 
+    @single_process
     def test_the_screen_rejects_a_call_that_wrote_into_an_input(self):
         from torch._inductor.runtime.collective_benchmarking import (
             _verdict,
@@ -266,35 +277,44 @@ class TestFailingChoices(CollectiveTestCase):
         x = torch.ones(4)
         inputs = ScreenInputs([x])
         x.add_(1)  # what a call did to its input
-        assert _verdict(x, x, inputs.written()) == (float(Verdict.WROTE_INPUT), 0.0)
+        self.assertEqual(
+            _verdict(x, x, inputs.written()),
+            (float(Verdict.WROTE_INPUT), 0.0),
+            atol=0,
+            rtol=0,
+        )
         inputs.reset()
-        assert inputs.written() is None and torch.equal(x, torch.ones(4))
+        self.assertIsNone(inputs.written())
+        self.assertTrue(torch.equal(x, torch.ones(4)))
         declared = ScreenInputs([x], mutable=[0])  # the op says it writes into input 0
         x.add_(1)
-        assert declared.written() is None
+        self.assertIsNone(declared.written())
 
     def test_a_choice_slow_on_every_rank_is_dropped_after_one_call(self):
         results = run_ranks(2, slow_everywhere_body)
         (a,), (b,) = assert_all_ok(results)
-        assert a == b and a.winner != "stuck"
+        self.assertEqual(a, b)
+        self.assertNotEqual(a.winner, "stuck")
         status = {t.name: t.reason for t in a.timings}
-        assert status["stuck"].startswith("over budget: its first call took 6"), status
-        assert "collective_benchmark_timeout=2 s" in status["stuck"]
+        self.assertTrue(
+            status["stuck"].startswith("over budget: its first call took 6"), msg=status
+        )
+        self.assertIn("collective_benchmark_timeout=2 s", status["stuck"])
         # One call of it, not one per sample.
-        assert max(r.wall_s for r in results) < 6.0 + COMPILE_MARGIN_S
+        self.assertLess(max(r.wall_s for r in results), 6.0 + COMPILE_MARGIN_S)
 
     def test_a_choice_stuck_on_one_rank_stops_every_rank_clearly(self):
         fast, stuck = assert_all_ok(
             run_ranks(2, slow_on_one_rank_body, breaks_the_group=True)
         )
         for result in (fast, stuck):
-            assert (
-                result["error"] is not None
-                and "CollectiveAutotuneError" in result["error"]
-            ), result
+            self.assertIsNotNone(result["error"], msg=result)
+            self.assertIn("CollectiveAutotuneError", result["error"], msg=result)
         # The stuck rank learns it when its call returns, at once.
-        assert "stopped on every rank of the group" in stuck["error"], stuck["error"]
-        assert stuck["s"] < 8.0 + COMPILE_MARGIN_S
+        self.assertIn(
+            "stopped on every rank of the group", stuck["error"], msg=stuck["error"]
+        )
+        self.assertLess(stuck["s"], 8.0 + COMPILE_MARGIN_S)
 
 
 instantiate_parametrized_tests(TestFailingChoices)

@@ -29,8 +29,10 @@ from torch.testing._internal.common_utils import (
 
 import collective_ops as ops
 from collective_harness import (
+    single_process,
     CollectiveTestCase,
     assert_all_ok,
+    check,
     compile_and_check,
     DEVICE_CASES,
     given_timings,
@@ -156,16 +158,18 @@ def restart(root: Path, **env: str) -> list:
     """One run of ``one_site_body`` on 2 ranks whose cache dirs live under ``root``."""
     full = {"TORCHINDUCTOR_CACHE_DIR": str(root / "{rank}"), **NO_GRAPH_CACHES, **env}
     (a,), (b,) = assert_all_ok(run_ranks(2, one_site_body, env=full, restarts=True))
-    assert a == b
+    check.assertEqual(a, b)
     return a
 
 
 def assert_stored_decision_reused(tuned, again) -> None:
     """``again``, the restart after ``tuned``, used the decision ``tuned`` stored."""
-    assert again.key == tuned.key, (tuned, again)
-    assert not tuned.provisional, tuned
-    assert again.source == "disk" and again.decision == "use", again
-    assert again.winner == tuned.winner and again.timings == (), again
+    check.assertEqual(again.key, tuned.key, msg=str((tuned, again)))
+    check.assertFalse(tuned.provisional, msg=tuned)
+    check.assertEqual(again.source, "disk", msg=str(again))
+    check.assertEqual(again.decision, "use", msg=str(again))
+    check.assertEqual(again.winner, tuned.winner, msg=str(again))
+    check.assertEqual(again.timings, (), msg=str(again))
 
 
 # -- compile caches stay on ----------------------------------------------------------------
@@ -351,15 +355,18 @@ def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
 
 
 def assert_each_size_ran_its_winner(a: dict, b: dict, device: str) -> None:
-    assert a["records"] == b["records"]
+    check.assertEqual(a["records"], b["records"])
     by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
-    assert by_size["1_1"].winner == "per_row_cost"
-    assert by_size["5_16"].winner == by_size["65_inf"].winner == "default"
+    check.assertEqual(by_size["1_1"].winner, "per_row_cost")
+    check.assertEqual(by_size["5_16"].winner, by_size["65_inf"].winner)
+    check.assertEqual(by_size["65_inf"].winner, "default")
     # Each size runs its range's winner, and only it (the op's own marks nothing).
-    assert a["ran"] == b["ran"] == {8: [], 2: ["per_row_cost"], 100: []}
-    assert a["frames"] == 1  # no recompile
+    check.assertEqual(a["ran"], b["ran"])
+    check.assertEqual(b["ran"], {8: [], 2: ["per_row_cost"], 100: []})
+    check.assertEqual(a["frames"], 1)  # no recompile
     # Each implementation compiled once for the benchmark, for every range's size.
-    assert a["builds"] == b["builds"] == 2
+    check.assertEqual(a["builds"], b["builds"])
+    check.assertEqual(b["builds"], 2)
 
 
 def split_points_body(r: Rank) -> dict:
@@ -584,27 +591,29 @@ class TestGraphSessions(CollectiveTestCase):
         self, device
     ):
         per_rank = assert_all_ok(run_ranks(2, layers_body, device=device))
-        assert per_rank[0] == per_rank[1]
+        self.assertEqual(per_rank[0], per_rank[1])
         records = per_rank[0]
-        assert len(records) == LAYERS
-        assert [r.source for r in records] == ["benchmark"] + ["job"] * (LAYERS - 1)
-        assert len({r.winner for r in records}) == 1
-        assert (
-            len({r.session for r in records}) == 1
-            and len({r.key for r in records}) == 1
+        self.assertEqual(len(records), LAYERS)
+        self.assertEqual(
+            [r.source for r in records], ["benchmark"] + ["job"] * (LAYERS - 1)
         )
+        self.assertEqual(len({r.winner for r in records}), 1)
+        self.assertEqual(len({r.session for r in records}), 1)
+        self.assertEqual(len({r.key for r in records}), 1)
 
     @parametrize("device", DEVICE_CASES)
     def test_a_later_graph_reuses_the_group_decision_without_benchmarking(self, device):
         a, b = assert_all_ok(run_ranks(2, two_graphs_body, device=device))
-        assert a == b
+        self.assertEqual(a, b)
         (second,) = a["second"]
-        assert a["first"][0].source == "benchmark"
-        assert (
-            second.source == "job" and second.decision == "use" and second.timings == ()
-        )
-        assert second.winner == a["first"][0].winner and second.key == a["first"][0].key
-        assert second.session != a["first"][0].session  # another graph, its own session
+        self.assertEqual(a["first"][0].source, "benchmark")
+        self.assertEqual(second.source, "job")
+        self.assertEqual(second.decision, "use")
+        self.assertEqual(second.timings, ())
+        self.assertEqual(second.winner, a["first"][0].winner)
+        self.assertEqual(second.key, a["first"][0].key)
+        # Another graph, its own session.
+        self.assertNotEqual(second.session, a["first"][0].session)
 
     @parametrize("device", DEVICE_CASES)
     def test_a_site_is_timed_with_the_pointwise_work_it_fuses_with(self, device):
@@ -614,15 +623,19 @@ class TestGraphSessions(CollectiveTestCase):
         # keys, each benchmarked as it runs in the model, and the compiled graph is
         # right on every rank.
         a, b = assert_all_ok(run_ranks(2, neighbours_body, device=device))
-        assert a == b
-        assert sorted(r.timed_with for r in a) == [
-            "consumer",
-            "none",
-            "owned-input",
-            "producer+consumer",
-        ]
-        assert [r.source for r in a] == ["benchmark"] * 4
-        assert len({r.key for r in a}) == 4 and len({r.session for r in a}) == 1
+        self.assertEqual(a, b)
+        self.assertEqual(
+            sorted(r.timed_with for r in a),
+            [
+                "consumer",
+                "none",
+                "owned-input",
+                "producer+consumer",
+            ],
+        )
+        self.assertEqual([r.source for r in a], ["benchmark"] * 4)
+        self.assertEqual(len({r.key for r in a}), 4)
+        self.assertEqual(len({r.session for r in a}), 1)
 
     @parametrize("device", DEVICE_CASES)
     @parametrize("dynamic", [False, True])
@@ -635,50 +648,52 @@ class TestGraphSessions(CollectiveTestCase):
         a, _ = assert_all_ok(
             run_ranks(2, inlined_in_place_body, dynamic, device=device)
         )
-        assert a["records"] and all(
-            r.winner.endswith("one_all_reduce") for r in a["records"]
-        ), [r.winner for r in a["records"]]
-        assert "all_reduce_.default" in a["codes"]["owned"]
-        assert "fused_all_reduce" not in a["codes"]["owned"]
-        assert "fused_all_reduce" in a["codes"]["graph_input"]
+        self.assertTrue(a["records"], msg=[r.winner for r in a["records"]])
+        self.assertTrue(
+            all(r.winner.endswith("one_all_reduce") for r in a["records"]),
+            msg=[r.winner for r in a["records"]],
+        )
+        self.assertIn("all_reduce_.default", a["codes"]["owned"])
+        self.assertNotIn("fused_all_reduce", a["codes"]["owned"])
+        self.assertIn("fused_all_reduce", a["codes"]["graph_input"])
 
     def test_a_restart_reuses_the_decision_every_rank_stored(self):
         first = restart(self.tmp_path)
-        assert first.source == "benchmark"
-        assert (
-            len(decision_files(self.tmp_path, 0))
-            == len(decision_files(self.tmp_path, 1))
-            == 1
+        self.assertEqual(first.source, "benchmark")
+        self.assertEqual(
+            len(decision_files(self.tmp_path, 0)), len(decision_files(self.tmp_path, 1))
         )
+        self.assertEqual(len(decision_files(self.tmp_path, 1)), 1)
         assert_stored_decision_reused(first, restart(self.tmp_path))
 
     def test_a_corrupt_or_foreign_entry_is_a_miss_and_the_group_tunes_afresh(self):
         restart(self.tmp_path)
         (entry,) = decision_files(self.tmp_path, 1)
         entry.write_text("{not json")
-        assert restart(self.tmp_path).source == "benchmark"
+        self.assertEqual(restart(self.tmp_path).source, "benchmark")
         (entry,) = decision_files(self.tmp_path, 1)
         data = json.loads(entry.read_text())
         data["environment"]["group_size"] = 8  # measured on another group size
         entry.write_text(json.dumps(data))
         fresh = restart(self.tmp_path)
-        assert fresh.source == "benchmark"
+        self.assertEqual(fresh.source, "benchmark")
         # The fresh tuning rewrote the entry, which the next restart uses.
         assert_stored_decision_reused(fresh, restart(self.tmp_path))
 
     def test_retune_and_persist_knobs(self):
         restart(self.tmp_path)
-        assert (
-            restart(self.tmp_path, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RETUNE="1").source
-            == "benchmark"
+        self.assertEqual(
+            restart(self.tmp_path, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_RETUNE="1").source,
+            "benchmark",
         )
         fresh = self.tmp_path / "fresh"
-        assert (
-            restart(fresh, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST="0").source
-            == "benchmark"
+        self.assertEqual(
+            restart(fresh, TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST="0").source,
+            "benchmark",
         )
-        assert decision_files(fresh, 0) == [] and decision_files(fresh, 1) == []
-        assert restart(fresh).source == "benchmark"
+        self.assertEqual(decision_files(fresh, 0), [])
+        self.assertEqual(decision_files(fresh, 1), [])
+        self.assertEqual(restart(fresh).source, "benchmark")
 
     @parametrize("device", DEVICE_CASES)
     def test_warm_restart_loads_every_graph_from_the_caches(self, device):
@@ -692,13 +707,13 @@ class TestGraphSessions(CollectiveTestCase):
         cold = job(root)
         warm = job(root)
         winner = cold[0]["records"][0].winner
-        assert cold[0]["records"] == cold[1]["records"]
+        self.assertEqual(cold[0]["records"], cold[1]["records"])
         for rank in warm:
-            assert rank["fx_hits"] + rank["aot_hits"] > 0
-            assert all(
-                r.source == "cache" and r.winner == winner for r in rank["records"]
+            self.assertGreater(rank["fx_hits"] + rank["aot_hits"], 0)
+            self.assertTrue(
+                all(r.source == "cache" and r.winner == winner for r in rank["records"])
             )
-            assert not any(r.decision == "benchmark" for r in rank["records"])
+            self.assertFalse(any(r.decision == "benchmark" for r in rank["records"]))
 
     @parametrize("device", DEVICE_CASES)
     def test_one_rank_warm_one_cold_both_compile_and_agree(self, device):
@@ -709,9 +724,9 @@ class TestGraphSessions(CollectiveTestCase):
             run_ranks(2, cached_body, device=device, env=env, restarts=True)
         )
         # The warm rank's hit became a miss: both compiled and tuned together.
-        assert warm["fx_hits"] == 0
-        assert warm["records"] == cold["records"]
-        assert warm["records"][0].source == "benchmark"
+        self.assertEqual(warm["fx_hits"], 0)
+        self.assertEqual(warm["records"], cold["records"])
+        self.assertEqual(warm["records"][0].source, "benchmark")
 
     def test_aot_autograd_bundled_graphs_are_the_groups_too(self):
         # AOTAutograd's bundled cache holds the compiled graph in its own entry, found
@@ -726,12 +741,13 @@ class TestGraphSessions(CollectiveTestCase):
         job(root)
         both = job(root)
         for rank in both:
-            assert rank["aot_hits"] > 0 and rank["records"][0].source == "cache"
+            self.assertGreater(rank["aot_hits"], 0)
+            self.assertEqual(rank["records"][0].source, "cache")
         shutil.rmtree(root / "1")
         warm, cold = job(root)
-        assert warm["aot_hits"] == 0
-        assert warm["records"] == cold["records"]
-        assert warm["records"][0].source == "benchmark"
+        self.assertEqual(warm["aot_hits"], 0)
+        self.assertEqual(warm["records"], cold["records"])
+        self.assertEqual(warm["records"][0].source, "benchmark")
 
     def test_a_cached_graph_is_used_only_in_the_environment_its_decisions_were_made_in(
         self,
@@ -742,18 +758,22 @@ class TestGraphSessions(CollectiveTestCase):
         four = assert_all_ok(run_ranks(4, cached_body, env=env, restarts=True))
         two = assert_all_ok(run_ranks(2, cached_body, env=env, restarts=True))
         again = assert_all_ok(run_ranks(2, cached_body, env=env, restarts=True))
-        assert all(rank["records"][0].source == "benchmark" for rank in four)
+        self.assertTrue(all(rank["records"][0].source == "benchmark" for rank in four))
         # The graph compiled for 4 ranks is a miss on 2: both ranks tune for 2.
-        assert two[0]["records"] == two[1]["records"]
-        assert two[0]["fx_hits"] == two[1]["fx_hits"] == 0
-        assert two[0]["records"][0].source == "benchmark" and two[0]["records"][
-            0
-        ].group_ranks == (0, 1)
+        self.assertEqual(two[0]["records"], two[1]["records"])
+        self.assertEqual(two[0]["fx_hits"], two[1]["fx_hits"])
+        self.assertEqual(two[1]["fx_hits"], 0)
+        self.assertEqual(two[0]["records"][0].source, "benchmark")
+        self.assertEqual(two[0]["records"][0].group_ranks, (0, 1))
         # The next 2-rank run uses what the first kept (its graph, or its stored
         # decision where the cache offers the 4-rank graph first), without tuning.
-        assert again[0]["records"] == again[1]["records"]
-        assert {r.source for r in again[0]["records"]} <= {"cache", "disk", "job"}
-        assert all(r.winner == two[0]["records"][0].winner for r in again[0]["records"])
+        self.assertEqual(again[0]["records"], again[1]["records"])
+        self.assertLessEqual(
+            {r.source for r in again[0]["records"]}, {"cache", "disk", "job"}
+        )
+        self.assertTrue(
+            all(r.winner == two[0]["records"][0].winner for r in again[0]["records"])
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_dynamic_size_dispatches_to_each_sizes_winner_from_one_compile(
@@ -764,24 +784,32 @@ class TestGraphSessions(CollectiveTestCase):
         # The range between two ranges that agree was screened against every choice,
         # and kept their winner.
         by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
-        assert by_size["17_64"].source == "ladder" and by_size["17_64"].timings
-        assert "screened against default" in by_size["17_64"].reason
+        self.assertEqual(by_size["17_64"].source, "ladder")
+        self.assertTrue(by_size["17_64"].timings)
+        self.assertIn("screened against default", by_size["17_64"].reason)
 
     def test_layers_whose_op_has_one_winner_trace_it_once(self):
         # One implementation wins every range: each layer inlines it without a dispatch,
         # from the trace the first site's choices made (each site traced it again).
         a, b = assert_all_ok(run_ranks(2, one_winner_body, timeout_s=150))
-        assert a["records"] == b["records"]
-        assert {r.winner for r in a["records"]} == {"per_row_cost"}, a["records"]
-        assert a["ran"] == b["ran"] == {2: ["per_row_cost"], 9: ["per_row_cost"]}
-        assert a["frames"] == 1 and a["dispatch_traces"] == 0
+        self.assertEqual(a["records"], b["records"])
+        self.assertEqual(
+            {r.winner for r in a["records"]}, {"per_row_cost"}, msg=str(a["records"])
+        )
+        self.assertEqual(a["ran"], b["ran"])
+        self.assertEqual(b["ran"], {2: ["per_row_cost"], 9: ["per_row_cost"]})
+        self.assertEqual(a["frames"], 1)
+        self.assertEqual(a["dispatch_traces"], 0)
         ranges = len({r.op for r in a["records"]})
         for rank in (a, b):
             traced = rank["per_row_cost_traced_at"]
-            assert traced and max(traced) < ranges, (ranges, traced)
+            self.assertTrue(traced, msg=(ranges, traced))
+            self.assertLess(max(traced), ranges, msg=(ranges, traced))
             # Inlining the winner with the arguments it was tuned with is no conflict
             # between its settings and the call's (torch 2.11 warned at every site).
-            assert rank["custom_op_warnings"] == [], rank["custom_op_warnings"]
+            self.assertEqual(
+                rank["custom_op_warnings"], [], msg=str(rank["custom_op_warnings"])
+            )
 
     @parametrize("device", DEVICE_CASES)
     def test_layers_whose_ranges_mix_inlined_opaque_and_own_winners_run_from_one_compile(
@@ -792,42 +820,51 @@ class TestGraphSessions(CollectiveTestCase):
         a, b = assert_all_ok(
             run_ranks(2, mixed_winners_body, device=device, timeout_s=150)
         )
-        assert a["records"] == b["records"]
+        self.assertEqual(a["records"], b["records"])
         ranges = sorted((range_bounds(r.op), r.winner) for r in a["records"][:5])
-        assert [bounds for bounds, _ in ranges] == [
-            (1, 1),
-            (2, 4),
-            (5, 16),
-            (17, 64),
-            (65, math.inf),
-        ]
+        self.assertEqual(
+            [bounds for bounds, _ in ranges],
+            [
+                (1, 1),
+                (2, 4),
+                (5, 16),
+                (17, 64),
+                (65, math.inf),
+            ],
+        )
         # By size, each kind of winner in turn, as DesignedCosts gives them.
-        assert [winner for _, winner in ranges] == DESIGNED_WINNERS
+        self.assertEqual([winner for _, winner in ranges], DESIGNED_WINNERS)
         # Timed as the site runs where one implementation wins every range: between relu and
         # the residual add.
-        assert {r.timed_with for r in a["records"][:5] if r.source == "benchmark"} == {
-            "producer+consumer"
-        }
+        self.assertEqual(
+            {r.timed_with for r in a["records"][:5] if r.source == "benchmark"},
+            {"producer+consumer"},
+        )
         # Each size ran its range's winner, and only it (the op's own marks nothing).
         expected = {
             n: [w for (low, high), w in ranges if low <= n <= high and w != "default"]
             for n in (2, 30, 100)
         }
-        assert a["ran"] == b["ran"] == expected
-        assert a["frames"] == b["frames"] == 1
+        self.assertEqual(a["ran"], b["ran"])
+        self.assertEqual(b["ran"], expected)
+        self.assertEqual(a["frames"], b["frames"])
+        self.assertEqual(b["frames"], 1)
         # The later sites take the ranges the first settled without tracing a choice again:
         # per_row_cost is traced while the first site decides its five ranges, and once
         # more by the size dispatch that every site shares.
-        assert [r.reason for r in a["records"][5:]] == [SETTLED_IN_GRAPH] * 15
+        self.assertEqual([r.reason for r in a["records"][5:]], [SETTLED_IN_GRAPH] * 15)
         traced_at = a["per_row_cost_traced_at"]
-        assert traced_at and [n for n in traced_at if n >= 5] == [5], traced_at
+        self.assertTrue(traced_at, msg=traced_at)
+        self.assertEqual([n for n in traced_at if n >= 5], [5], msg=str(traced_at))
         # Their dispatch, alike at every site, is traced once and copied.
-        assert a["dispatch_traces"] == b["dispatch_traces"] == 1
+        self.assertEqual(a["dispatch_traces"], b["dispatch_traces"])
+        self.assertEqual(b["dispatch_traces"], 1)
         # So is each of the three implementations, which the first site's five ranges
         # trace on the same symbolic inputs (torch 2.13 on) or each at its range's size
         # (torch 2.11, traced on the site's symbolic sizes instead): the ranges after the
         # first take a copy.
-        assert a["choice_traces"] == b["choice_traces"] == 3
+        self.assertEqual(a["choice_traces"], b["choice_traces"])
+        self.assertEqual(b["choice_traces"], 3)
 
     def test_an_implementation_that_reads_its_size_is_traced_at_each_ranges_size(self):
         # per_row_cost_up_to_16 branches on its rows in Python: traced on the site's
@@ -836,18 +873,22 @@ class TestGraphSessions(CollectiveTestCase):
         # wins the ranges where its per-row cost does, in a range graph of their own;
         # torch 2.13 on skips it (upstream).
         a, b = assert_all_ok(run_ranks(2, size_reading_body, timeout_s=150))
-        assert a["records"] == b["records"]
+        self.assertEqual(a["records"], b["records"])
         winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
         if torch.__version__ >= (2, 13):
-            assert set(winners.values()) == {"default"}, winners
-            assert a["ran"] == b["ran"] == {8: [], 2: [], 100: []}
-            assert a["frames"] == 1
+            self.assertEqual(set(winners.values()), {"default"}, msg=str(winners))
+            self.assertEqual(a["ran"], b["ran"])
+            self.assertEqual(b["ran"], {8: [], 2: [], 100: []})
+            self.assertEqual(a["frames"], 1)
         else:
-            assert winners["1_1"] == winners["2_4"] == "per_row_cost_up_to_16", winners
-            assert winners["5_16"] == winners["65_inf"] == "default", winners
-            assert a["ran"] == b["ran"] == {8: [], 2: ["per_row_cost"], 100: []}
+            self.assertEqual(winners["1_1"], winners["2_4"], msg=str(winners))
+            self.assertEqual(winners["2_4"], "per_row_cost_up_to_16", msg=str(winners))
+            self.assertEqual(winners["5_16"], winners["65_inf"], msg=str(winners))
+            self.assertEqual(winners["65_inf"], "default", msg=str(winners))
+            self.assertEqual(a["ran"], b["ran"])
+            self.assertEqual(b["ran"], {8: [], 2: ["per_row_cost"], 100: []})
             # A graph for [5, inf) (first called at 8, then 100) and one for [2, 4].
-            assert a["frames"] == 2
+            self.assertEqual(a["frames"], 2)
 
     @parametrize("device", DEVICE_CASES)
     def test_forward_and_backward_dispatch_by_size_from_one_compile(self, device):
@@ -863,10 +904,12 @@ class TestGraphSessions(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        assert a["frames"] == b["frames"] == 1
-        assert [(r.op, r.winner) for r in a["records"]] == [
-            (r.op, r.winner) for r in b["records"]
-        ]
+        self.assertEqual(a["frames"], b["frames"])
+        self.assertEqual(b["frames"], 1)
+        self.assertEqual(
+            [(r.op, r.winner) for r in a["records"]],
+            [(r.op, r.winner) for r in b["records"]],
+        )
         # 3 sites in the forward graph and 3 in the backward, 5 ranges each. Each graph's
         # first site decides the ranges, timed with what it fuses with there (the forward's
         # relu and residual add; the backward's relu gradient), and its later sites of the
@@ -874,22 +917,27 @@ class TestGraphSessions(CollectiveTestCase):
         # plan's session was held): its keys are agreed in sessions of their own, settled
         # in the graph all the same. The backward's last site all-reduces a matmul's
         # output that only it reads (an owned input): a key of its own, timed so.
-        assert len(a["records"]) == 30
+        self.assertEqual(len(a["records"]), 30)
         forward, backward = a["records"][:15], a["records"][15:]
-        assert {r.timed_with for r in forward[:5] if r.source == "benchmark"} == {
-            "producer+consumer"
-        }
-        assert {r.timed_with for r in backward[:5] if r.source == "benchmark"} == {
-            "consumer"
-        }
-        assert [r.reason for r in forward[5:] + backward[5:10]] == [
-            SETTLED_IN_GRAPH
-        ] * 15
-        assert {(r.timed_with, r.source) for r in backward[10:]} == {
-            ("owned-input+consumer", "benchmark")
-        }
-        assert not {r.key for r in forward} & {r.key for r in backward}
-        assert {r.winner for r in a["records"]} >= {"per_row_cost", "opaque", "default"}
+        self.assertEqual(
+            {r.timed_with for r in forward[:5] if r.source == "benchmark"},
+            {"producer+consumer"},
+        )
+        self.assertEqual(
+            {r.timed_with for r in backward[:5] if r.source == "benchmark"},
+            {"consumer"},
+        )
+        self.assertEqual(
+            [r.reason for r in forward[5:] + backward[5:10]], [SETTLED_IN_GRAPH] * 15
+        )
+        self.assertEqual(
+            {(r.timed_with, r.source) for r in backward[10:]},
+            {("owned-input+consumer", "benchmark")},
+        )
+        self.assertFalse({r.key for r in forward} & {r.key for r in backward})
+        self.assertGreaterEqual(
+            {r.winner for r in a["records"]}, {"per_row_cost", "opaque", "default"}
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_forward_and_backward_range_graphs(self, device):
@@ -908,28 +956,30 @@ class TestGraphSessions(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        assert [(r.op, r.winner) for r in a["records"]] == [
-            (r.op, r.winner) for r in b["records"]
-        ]
+        self.assertEqual(
+            [(r.op, r.winner) for r in a["records"]],
+            [(r.op, r.winner) for r in b["records"]],
+        )
         forward_ladder = cells_of(list(a["records"][:5]))
-        assert (
-            a["frames"]
-            == b["frames"]
-            == len(
+        self.assertEqual(a["frames"], b["frames"])
+        self.assertEqual(
+            b["frames"],
+            len(
                 {
                     next(i for i, (top, _) in enumerate(forward_ladder) if n <= top)
                     for n in (8, 2, 30, 100)
                 }
-            )
+            ),
         )
-        assert (
-            a["range_graph_sites"] >= 3 * a["frames"]
-        )  # every forward site of every range graph
+        # Every forward site of every range graph.
+        self.assertGreaterEqual(a["range_graph_sites"], 3 * a["frames"])
         # Nothing was benchmarked after the first forward and backward graphs.
-        assert all(r.source != "benchmark" for r in a["records"][30:]), a["records"][
-            30:
-        ]
+        self.assertTrue(
+            all(r.source != "benchmark" for r in a["records"][30:]),
+            msg=a["records"][30:],
+        )
 
+    @single_process
     def test_a_range_keeps_the_nearest_winner_unless_another_is_clearly_faster(self):
         # The pick itself: a pure function of the group's timings (identical on every rank).
         from torch._inductor.kernel.collective.timing import pick
@@ -941,38 +991,38 @@ class TestGraphSessions(CollectiveTestCase):
         ]
         # two_shot, 1% slower at the range's top, won the range below: it keeps this one.
         winner, reason = pick(names, timings, 1.0, Incumbent("two_shot", "16", False))
-        assert winner == "two_shot" and "won at 16" in reason
-        assert pick(names, timings, 1.0, None)[0] == "default"
-        assert (
-            pick(names, timings, 1.0, Incumbent("one_shot", "16", False))[0]
-            == "default"
-        )  # clearly faster
+        self.assertEqual(winner, "two_shot")
+        self.assertIn("won at 16", reason)
+        self.assertEqual(pick(names, timings, 1.0, None)[0], "default")
+        # Clearly faster.
+        self.assertEqual(
+            pick(names, timings, 1.0, Incumbent("one_shot", "16", False))[0], "default"
+        )
         # 10% apart by medians, but the samples overlap (eager launches at one token): noise
         # does not buy a size dispatch.
         noisy = [
             ChoiceTiming("one_shot", 86.0, 86.0, 1, "ok", low_us=70.0, high_us=95.0),
             ChoiceTiming("default", 78.0, 78.0, 1, "ok", low_us=60.0, high_us=90.0),
         ]
-        assert (
+        self.assertEqual(
             pick(
                 ["one_shot", "default"], noisy, 1.0, Incumbent("one_shot", "inf", False)
-            )[0]
-            == "one_shot"
+            )[0],
+            "one_shot",
         )
         apart = [
             dataclasses.replace(noisy[0], low_us=84.0, high_us=88.0),
             dataclasses.replace(noisy[1], low_us=76.0, high_us=80.0),
         ]
-        assert (
+        self.assertEqual(
             pick(
                 ["one_shot", "default"], apart, 1.0, Incumbent("one_shot", "inf", False)
-            )[0]
-            == "default"
+            )[0],
+            "default",
         )
         # A user's min_speedup_threshold still favours the op's own implementation.
-        assert (
-            pick(names, timings, 1.2, Incumbent("two_shot", "16", False))[0]
-            == "default"
+        self.assertEqual(
+            pick(names, timings, 1.2, Incumbent("two_shot", "16", False))[0], "default"
         )
 
     @parametrize("device", DEVICE_CASES)
@@ -980,17 +1030,20 @@ class TestGraphSessions(CollectiveTestCase):
         a, b = assert_all_ok(
             run_ranks(2, split_points_body, device=device, timeout_s=150)
         )
-        assert a["records"] == b["records"]
+        self.assertEqual(a["records"], b["records"])
         by_range = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
         # The user's ranges, no ladder of ours; each timed by the group.
-        assert sorted(by_range) == ["1_4", "33_inf", "5_32"]
-        assert {r.source for r in by_range.values()} == {"benchmark"}
+        self.assertEqual(sorted(by_range), ["1_4", "33_inf", "5_32"])
+        self.assertEqual({r.source for r in by_range.values()}, {"benchmark"})
         # 1 ms a row wins at 4 rows; the op's own 12 ms wins at 32 and 64.
-        assert by_range["1_4"].winner == "per_row_cost"
-        assert by_range["5_32"].winner == by_range["33_inf"].winner == "default"
-        assert a["ran"] == b["ran"] == {3: ["per_row_cost"], 8: [], 50: []}
-        assert a["frames"] == 1
-        assert a["builds"] == b["builds"] == 2  # once each, for the three ranges
+        self.assertEqual(by_range["1_4"].winner, "per_row_cost")
+        self.assertEqual(by_range["5_32"].winner, by_range["33_inf"].winner)
+        self.assertEqual(by_range["33_inf"].winner, "default")
+        self.assertEqual(a["ran"], b["ran"])
+        self.assertEqual(b["ran"], {3: ["per_row_cost"], 8: [], 50: []})
+        self.assertEqual(a["frames"], 1)
+        self.assertEqual(a["builds"], b["builds"])
+        self.assertEqual(b["builds"], 2)  # once each, for the three ranges
 
     @parametrize("device", DEVICE_CASES)
     def test_user_split_points_switched_off_run_the_ops_own(self, device):
@@ -1000,13 +1053,20 @@ class TestGraphSessions(CollectiveTestCase):
         a, b = assert_all_ok(
             run_ranks(2, switched_off_split_points_body, device=device, timeout_s=150)
         )
-        assert a["ran"] == b["ran"] == {3: [], 8: [], 50: []}
-        assert a["frames"] == b["frames"] == 1
-        assert a["builds"] == b["builds"] == 0
-        assert a["records"] and all(
-            r.winner == "default" and r.decision == "use" and r.session == ""
-            for r in a["records"] + b["records"]
-        ), a["records"]
+        self.assertEqual(a["ran"], b["ran"])
+        self.assertEqual(b["ran"], {3: [], 8: [], 50: []})
+        self.assertEqual(a["frames"], b["frames"])
+        self.assertEqual(b["frames"], 1)
+        self.assertEqual(a["builds"], b["builds"])
+        self.assertEqual(b["builds"], 0)
+        self.assertTrue(a["records"], msg=a["records"])
+        self.assertTrue(
+            all(
+                r.winner == "default" and r.decision == "use" and r.session == ""
+                for r in a["records"] + b["records"]
+            ),
+            msg=a["records"],
+        )
 
     @parametrize("device", DEVICE_CASES)
     def test_each_size_range_compiles_a_graph_of_its_own_that_benchmarks_nothing(
@@ -1023,14 +1083,16 @@ class TestGraphSessions(CollectiveTestCase):
             )
         )
         # Every rank compiled the same graphs, and took the same decisions in each.
-        assert [c["compiled"] for c in a] == [c["compiled"] for c in b]
-        assert [c["records"] for c in a] == [c["records"] for c in b]
+        self.assertEqual([c["compiled"] for c in a], [c["compiled"] for c in b])
+        self.assertEqual([c["records"] for c in a], [c["records"] for c in b])
         # The first compile tunes the ladder (five ranges) at its first site, as a group.
         first = a[0]
         cells = cells_of(first["records"][:5])
         # By size, each kind of winner in turn, as DesignedCosts gives them.
-        assert cells == [(4, "per_row_cost"), (64, "opaque"), (math.inf, "default")]
-        assert any(rec.source == "benchmark" for rec in first["records"])
+        self.assertEqual(
+            cells, [(4, "per_row_cost"), (64, "opaque"), (math.inf, "default")]
+        )
+        self.assertTrue(any(rec.source == "benchmark" for rec in first["records"]))
 
         def cell(n: int) -> int:
             return next(i for i, (top, _) in enumerate(cells) if n <= top)
@@ -1040,43 +1102,62 @@ class TestGraphSessions(CollectiveTestCase):
             new = cell(call["n"]) not in seen
             seen.add(cell(call["n"]))
             # One compile per range, at its first size; none after: Dynamo's guards choose.
-            assert call["compiled"] == int(new), (call["n"], call["compiled"])
+            self.assertEqual(
+                call["compiled"], int(new), msg=str((call["n"], call["compiled"]))
+            )
             # Each size runs its range's winner, and only it.
             winner = cells[cell(call["n"])][1]
-            assert call["ran"] == ([] if winner == "default" else [winner]), call
+            self.assertEqual(
+                call["ran"], [] if winner == "default" else [winner], msg=str(call)
+            )
             if new:
                 # The first site guards the range, the later ones find it fixed: every site
                 # inlines its range's winner, no size dispatch inside the graph.
-                assert call["guarded_sites"] == 4 and call["dispatching_sites"] == 0, (
-                    call
-                )
+                self.assertEqual(call["guarded_sites"], 4, msg=str(call))
+                self.assertEqual(call["dispatching_sites"], 0, msg=str(call))
             if new and call is not first:
                 # Dynamo's reason for the recompile, as TORCH_LOGS=recompiles shows it,
                 # is the range's guard, placed in collective autotuning's range graphs.
-                assert len(call["recompile_reasons"]) == 1 and (
-                    "kernel/collective/range_graphs.py" in call["recompile_reasons"][0]
-                ), call["recompile_reasons"]
-                # A later range reads the ladder's decisions: nothing benchmarked, no session round.
-                assert {rec.source for rec in call["records"]} <= {"job", "ladder"}, (
-                    call["records"]
+                self.assertEqual(
+                    len(call["recompile_reasons"]),
+                    1,
+                    msg=str(call["recompile_reasons"]),
                 )
-                assert sum(rec.store_requests for rec in call["records"]) == 0, call[
-                    "records"
-                ]
+                self.assertIn(
+                    "kernel/collective/range_graphs.py",
+                    call["recompile_reasons"][0],
+                    msg=call["recompile_reasons"],
+                )
+                # A later range reads the ladder's decisions: nothing benchmarked, no session round.
+                self.assertLessEqual(
+                    {rec.source for rec in call["records"]},
+                    {"job", "ladder"},
+                    msg=call["records"],
+                )
+                self.assertEqual(
+                    sum(rec.store_requests for rec in call["records"]),
+                    0,
+                    msg=str(call["records"]),
+                )
                 # It lowers only the ladder ranges inside its own range, at every site:
                 # the others are neither traced nor recorded.
                 low = max((top for top, _ in cells if top < call["n"]), default=0)
                 high = cells[cell(call["n"])][0]
                 lowered = [range_bounds(rec.op) for rec in call["records"]]
-                assert lowered and all(
-                    low < start and end <= high for start, end in lowered
-                ), (call["n"], cells, lowered)
-                assert call["ranges_outside"] == 4 * (5 - len(set(lowered))), call
+                self.assertTrue(lowered, msg=(call["n"], cells, lowered))
+                self.assertTrue(
+                    all(low < start and end <= high for start, end in lowered),
+                    msg=(call["n"], cells, lowered),
+                )
+                self.assertEqual(
+                    call["ranges_outside"], 4 * (5 - len(set(lowered))), msg=str(call)
+                )
                 # Nor are the ranges inside traced, at the first site either: this rank
                 # holds their decisions, and the graph inlines its range's winner alone.
-                assert call["choice_traces"] == 0, call
+                self.assertEqual(call["choice_traces"], 0, msg=str(call))
         # One compile per range visited.
-        assert sum(c["compiled"] for c in a) == len(seen) == 3
+        self.assertEqual(sum(c["compiled"] for c in a), len(seen))
+        self.assertEqual(len(seen), 3)
 
     def test_the_warm_up_compiles_every_range_at_its_largest_size_and_none_after(
         self,
@@ -1092,8 +1173,8 @@ class TestGraphSessions(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        assert [c["compiled"] for c in a] == [c["compiled"] for c in b]
-        assert [c["records"] for c in a] == [c["records"] for c in b]
+        self.assertEqual([c["compiled"] for c in a], [c["compiled"] for c in b])
+        self.assertEqual([c["records"] for c in a], [c["records"] for c in b])
         cells = cells_of(a[0]["records"][:5])
         tops = [top for top, _ in cells]
 
@@ -1101,25 +1182,32 @@ class TestGraphSessions(CollectiveTestCase):
             return next(i for i, top in enumerate(tops) if n <= top)
 
         first, warm_up, after = a[0], a[1:6], a[6:]
-        assert [c["n"] for c in warm_up] == [256, 64, 16, 4, 1]
+        self.assertEqual([c["n"] for c in warm_up], [256, 64, 16, 4, 1])
         # The warm-up compiles every range the first compile did not, each at the first
         # warm-up size it holds: its largest (Inductor tunes its kernels there).
         compiled_at = [c["n"] for c in warm_up if c["compiled"]]
-        assert sorted(map(cell, [first["n"], *compiled_at])) == list(
-            range(len(cells))
-        ), (cells, compiled_at)
+        self.assertEqual(
+            sorted(map(cell, [first["n"], *compiled_at])),
+            list(range(len(cells))),
+            msg=str((cells, compiled_at)),
+        )
         for n in compiled_at:
-            assert n == max(c["n"] for c in warm_up if cell(c["n"]) == cell(n)), (
-                cells,
-                compiled_at,
+            self.assertEqual(
+                n,
+                max(c["n"] for c in warm_up if cell(c["n"]) == cell(n)),
+                msg=str((cells, compiled_at)),
             )
-        assert sum(c["compiled"] for c in warm_up) == len(compiled_at)
+        self.assertEqual(sum(c["compiled"] for c in warm_up), len(compiled_at))
         # Then every size runs its range's graph, compiling nothing: under
         # set_stance("fail_on_recompile") a compile would have raised.
-        assert [c["compiled"] for c in after] == [0] * len(after), after
+        self.assertEqual(
+            [c["compiled"] for c in after], [0] * len(after), msg=str(after)
+        )
         for call in a:
             winner = cells[cell(call["n"])][1]
-            assert call["ran"] == ([] if winner == "default" else [winner]), call
+            self.assertEqual(
+                call["ran"], [] if winner == "default" else [winner], msg=str(call)
+            )
 
     def test_a_warm_restart_loads_every_range_graph_from_the_caches(self):
         def job(root: Path) -> list:
@@ -1142,19 +1230,18 @@ class TestGraphSessions(CollectiveTestCase):
         # The same range graphs, each loaded from the FX-graph cache (found by the range
         # guards it recorded), nothing benchmarked or traced: the decisions they inline are
         # the group's.
-        assert (
-            [c["compiled"] for c in warm]
-            == [c["compiled"] for c in cold]
-            == [c["compiled"] for c in peer]
+        self.assertEqual([c["compiled"] for c in warm], [c["compiled"] for c in cold])
+        self.assertEqual([c["compiled"] for c in cold], [c["compiled"] for c in peer])
+        self.assertEqual(
+            [c["fx_cache_hits"] for c in warm], [c["compiled"] for c in warm]
         )
-        assert [c["fx_cache_hits"] for c in warm] == [c["compiled"] for c in warm]
-        assert all(
-            c["records"] for c in warm if c["compiled"]
-        )  # each loaded graph says what it inlines
-        assert all(rec.source == "cache" for c in warm for rec in c["records"]), [
-            c["records"] for c in warm
-        ]
-        assert [c["ran"] for c in warm] == [c["ran"] for c in cold]
+        # Each loaded graph says what it inlines.
+        self.assertTrue(all(c["records"] for c in warm if c["compiled"]))
+        self.assertTrue(
+            all(rec.source == "cache" for c in warm for rec in c["records"]),
+            msg=[c["records"] for c in warm],
+        )
+        self.assertEqual([c["ran"] for c in warm], [c["ran"] for c in cold])
 
     def test_a_data_dependent_size_runs_the_ops_own_implementation_untuned(self):
         # No choice can be traced or timed at an unbacked size (upstream's subgraph
@@ -1167,10 +1254,14 @@ class TestGraphSessions(CollectiveTestCase):
             )
         )
         for result in (a, b):
-            assert result["frames"] == 1 and result["records"] == [], result
-            assert all(call["ran"] == [] for call in result["calls"]), result
+            self.assertEqual(result["frames"], 1, msg=str(result))
+            self.assertEqual(result["records"], [], msg=str(result))
+            self.assertTrue(
+                all(call["ran"] == [] for call in result["calls"]), msg=result
+            )
             warned = [m for m in result["logged"] if "data-dependent" in m]
-            assert warned and "own implementation runs" in warned[0], result["logged"]
+            self.assertTrue(warned, msg=result["logged"])
+            self.assertIn("own implementation runs", warned[0], msg=result["logged"])
 
     @parametrize("forbid", ["knob", "error_on_recompile", "recompile_limit"])
     def test_where_a_range_cannot_be_guarded_the_graph_dispatches_by_size_inside(
@@ -1186,14 +1277,17 @@ class TestGraphSessions(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        assert [c["records"] for c in a] == [c["records"] for c in b]
+        self.assertEqual([c["records"] for c in a], [c["records"] for c in b])
         cells = cells_of(a[0]["records"][:5])
         # One compile, whose four sites dispatch by size; every size runs its winner.
-        assert [c["compiled"] for c in a] == [1] + [0] * (len(a) - 1)
-        assert a[0]["dispatching_sites"] == 4 and a[0]["guarded_sites"] == 0
+        self.assertEqual([c["compiled"] for c in a], [1] + [0] * (len(a) - 1))
+        self.assertEqual(a[0]["dispatching_sites"], 4)
+        self.assertEqual(a[0]["guarded_sites"], 0)
         for call in a:
             winner = next(w for top, w in cells if call["n"] <= top)
-            assert call["ran"] == ([] if winner == "default" else [winner]), call
+            self.assertEqual(
+                call["ran"], [] if winner == "default" else [winner], msg=str(call)
+            )
         # Each site logs that it dispatches inside, and why.
         reason = {
             "knob": "collective_autotune_range_graphs is off",
@@ -1201,9 +1295,8 @@ class TestGraphSessions(CollectiveTestCase):
             "recompile_limit": "more than half of Dynamo's recompile limit (4",
         }[forbid]
         dispatching = [m for m in a[0]["dispatch_log"] if "dispatches by size" in m]
-        assert len(dispatching) == 4 and all(reason in m for m in dispatching), a[0][
-            "dispatch_log"
-        ]
+        self.assertEqual(len(dispatching), 4, msg=str(a[0]["dispatch_log"]))
+        self.assertTrue(all(reason in m for m in dispatching), msg=a[0]["dispatch_log"])
 
 
 instantiate_parametrized_tests(TestGraphSessions)

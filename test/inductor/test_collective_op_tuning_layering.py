@@ -93,30 +93,30 @@ class TestCollectiveImportLayering(TestCase):
     def test_the_graph_is_read(self):
         graph = import_graph()
         glue = "torch._inductor.kernel.collective.hooks"
-        assert "torch._inductor.kernel.collective.selection" in graph[glue]
-        assert (
-            "torch._inductor.runtime.collective_protocol"
-            in graph["torch._inductor.runtime.collective_benchmarking"]
+        self.assertIn("torch._inductor.kernel.collective.selection", graph[glue])
+        self.assertIn(
+            "torch._inductor.runtime.collective_protocol",
+            graph["torch._inductor.runtime.collective_benchmarking"],
         )  # a relative import
 
     def test_the_store_session_protocol_imports_nothing_of_inductor(self):
         name = "torch.distributed._store_session"
         path = _modules()[name]
         imported = _imported(name, ast.parse(path.read_text(), str(path)))
-        assert not [m for m in imported if m.startswith("torch._inductor")], imported
+        self.assertFalse(
+            [m for m in imported if m.startswith("torch._inductor")], msg=imported
+        )
         protocol = import_graph()["torch._inductor.runtime.collective_protocol"]
-        assert name in protocol
+        self.assertIn(name, protocol)
 
     def test_collective_modules_import_one_way(self):
-        assert find_circle(import_graph()) == []
+        self.assertEqual(find_circle(import_graph()), [])
 
     def test_a_circle_is_found(self):
-        assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [
-            "a",
-            "b",
-            "c",
-            "a",
-        ]
+        self.assertEqual(
+            find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}),
+            ["a", "b", "c", "a"],
+        )
 
 
 if __name__ == "__main__":

@@ -78,18 +78,20 @@ def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
     }
 
 
-def check_each_size_ran_its_winner(result: dict) -> None:
-    assert result["cudagraph_skips"] == 0
+def check_each_size_ran_its_winner(test: CollectiveTestCase, result: dict) -> None:
+    test.assertEqual(result["cudagraph_skips"], 0)
     # The opaque op is timed uncompiled (as it runs in the model: called) and still
     # wins its ranges.
-    assert result["uncompiled_choices"] > 0
+    test.assertGreater(result["uncompiled_choices"], 0)
     records = result["records"]
-    assert {r.mode for r in records} == {"graph"}
+    test.assertEqual({r.mode for r in records}, {"graph"})
     winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in records[:5]}
-    assert winners["1_1"] == "per_row_cost" and winners["65_inf"] == "default", winners
+    test.assertEqual(winners["1_1"], "per_row_cost", msg=str(winners))
+    test.assertEqual(winners["65_inf"], "default", msg=str(winners))
     # Under CUDA graphs only the first call of a size records (and marks): each size's
     # winner ran there.
-    assert result["ran"][2] == ["per_row_cost"] and result["ran"][100] == []
+    test.assertEqual(result["ran"][2], ["per_row_cost"])
+    test.assertEqual(result["ran"][100], [])
 
 
 def graph_mode_one_op_body(r: Rank) -> list:
@@ -131,7 +133,8 @@ class TestOneGpu(CollectiveTestCase):
         (record,) = check_agreement(
             run_ranks(1, one_op_body, device="cuda", timing=REAL), 1, 1
         )
-        assert record.mode == "eager" and record.group_ranks == (0,)
+        self.assertEqual(record.mode, "eager")
+        self.assertEqual(record.group_ranks, (0,))
 
     def test_the_default_mode_times_choices_as_traced_all_or_none_on_one_gpu(self):
         (alike,) = assert_all_ok(
@@ -146,14 +149,15 @@ class TestOneGpu(CollectiveTestCase):
         (record,) = alike["records"]
         # Both choices run as traced (the functional all-reduce in place on the
         # producer's stand-in), and the fastest wins: the opaque op costs 6 ms.
-        assert record.mode == "eager" and alike["uncompiled_choices"] == 2
-        assert record.winner.endswith("one_all_reduce"), record.winner
+        self.assertEqual(record.mode, "eager")
+        self.assertEqual(alike["uncompiled_choices"], 2)
+        self.assertTrue(record.winner.endswith("one_all_reduce"), msg=record.winner)
         (mixed,) = assert_all_ok(
             run_ranks(1, default_mode_as_traced_body, True, device="cuda")
         )
         # A choice the compile fuses: every choice is compiled, to launch alike.
-        assert mixed["uncompiled_choices"] == 0
-        assert not mixed["records"][0].winner.endswith("opaque")
+        self.assertEqual(mixed["uncompiled_choices"], 0)
+        self.assertFalse(mixed["records"][0].winner.endswith("opaque"))
 
     def test_a_size_dispatch_runs_inside_cuda_graphs_on_one_gpu(self):
         (result,) = assert_all_ok(
@@ -166,8 +170,9 @@ class TestOneGpu(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        check_each_size_ran_its_winner(result)
-        assert result["dispatching_sites"] > 0 and len(set(result["graphs"])) == 1
+        check_each_size_ran_its_winner(self, result)
+        self.assertGreater(result["dispatching_sites"], 0)
+        self.assertEqual(len(set(result["graphs"])), 1)
 
     def test_each_size_range_is_a_cuda_graph_tree_of_its_own_on_one_gpu(self):
         (result,) = assert_all_ok(
@@ -180,12 +185,12 @@ class TestOneGpu(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        check_each_size_ran_its_winner(result)
+        check_each_size_ran_its_winner(self, result)
         # One graph per range visited (2, 8 and 30, 100 lie in different cells), none inside
         # dispatching, and sizes seen before compile nothing more.
-        assert result["dispatching_sites"] == 0
-        assert result["graphs"][-2:] == result["graphs"][3:4] * 2
-        assert len(set(result["graphs"])) > 1
+        self.assertEqual(result["dispatching_sites"], 0)
+        self.assertEqual(result["graphs"][-2:], result["graphs"][3:4] * 2)
+        self.assertGreater(len(set(result["graphs"])), 1)
 
     def test_forward_and_backward_dispatch_on_one_gpu(self):
         (result,) = assert_all_ok(
@@ -198,54 +203,53 @@ class TestOneGpu(CollectiveTestCase):
                 timing=ops.DesignedCosts(),
             )
         )
-        assert result["frames"] == 1 and len(result["records"]) == 30
+        self.assertEqual(result["frames"], 1)
+        self.assertEqual(len(result["records"]), 30)
 
     def test_a_kept_decision_is_screened_again_on_one_gpu(self):
         env = {
             "TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}"),
             **NO_GRAPH_CACHES,
         }
-        ((first,),) = assert_all_ok(
-            run_ranks(
-                1,
-                zeroes_body,
-                device="cuda",
-                env=env,
-                restarts=True,
-                timing=ZEROES_COSTS,
+
+        def restart():
+            ((record,),) = assert_all_ok(
+                run_ranks(
+                    1,
+                    zeroes_body,
+                    device="cuda",
+                    env=env,
+                    restarts=True,
+                    timing=ZEROES_COSTS,
+                )
             )
-        )
-        assert first.source == "benchmark"
+            return record
+
+        first = restart()
+        self.assertEqual(first.source, "benchmark")
         (entry,) = decision_files(self.tmp_path, 0)
         data = json.loads(entry.read_text())
         data["winner"] = "zeroes"
         entry.write_text(json.dumps(data))
-        ((again,),) = assert_all_ok(
-            run_ranks(
-                1,
-                zeroes_body,
-                device="cuda",
-                env=env,
-                restarts=True,
-                timing=ZEROES_COSTS,
-            )
-        )
-        assert again.source == "benchmark" and again.winner != "zeroes"
-        assert "the stored winner failed its screen" in again.reason
+        again = restart()
+        self.assertEqual(again.source, "benchmark")
+        self.assertNotEqual(again.winner, "zeroes")
+        self.assertIn("the stored winner failed its screen", again.reason)
 
     def test_a_choice_writing_into_its_input_is_dropped_on_one_gpu(self):
         ((record,),) = assert_all_ok(run_ranks(1, writes_input_body, device="cuda"))
-        assert (
-            record.winner != "writes_into_input"
-            and "writes into input 0" in record.reason
-        ), record
+        self.assertNotEqual(record.winner, "writes_into_input", msg=str(record))
+        self.assertIn("writes into input 0", record.reason, msg=record)
 
     def test_graph_mode_timing_on_one_gpu(self):
         ((record,),) = assert_all_ok(
             run_ranks(1, graph_mode_one_op_body, device="cuda")
         )
-        assert record.mode == "graph" and record.source == "benchmark"
-        assert all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")
+        self.assertEqual(record.mode, "graph")
+        self.assertEqual(record.source, "benchmark")
+        self.assertTrue(
+            all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")
+        )
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ class TestKeptDecisions(CollectiveTestCase):
         (first,), _ = assert_all_ok(
             run_ranks(2, zeroes_body, env=env, restarts=True, timing=ZEROES_COSTS)
         )
-        assert first.winner == "default" and first.source == "benchmark"
+        self.assertEqual(first.winner, "default")
+        self.assertEqual(first.source, "benchmark")
         for rank in (0, 1):  # every rank's file now names the rejected choice
             (entry,) = decision_files(self.tmp_path, rank)
             data = json.loads(entry.read_text())
@@ -120,10 +121,12 @@ class TestKeptDecisions(CollectiveTestCase):
             run_ranks(2, zeroes_body, env=env, restarts=True, timing=ZEROES_COSTS)
         )
         # compile_and_check compared the outputs with eager: nothing wrong ran.
-        assert (
-            again == peer and again.source == "benchmark" and again.winner == "default"
+        self.assertEqual(again, peer)
+        self.assertEqual(again.source, "benchmark")
+        self.assertEqual(again.winner, "default")
+        self.assertIn(
+            "the stored winner failed its screen", again.reason, msg=again.reason
         )
-        assert "the stored winner failed its screen" in again.reason, again.reason
 
     @parametrize("graph_caches", [False, True])
     def test_a_choice_whose_code_changed_is_tuned_afresh(self, graph_caches):
@@ -141,7 +144,7 @@ class TestKeptDecisions(CollectiveTestCase):
                 timing=CHANGED_COSTS,
             )
         )
-        assert first.winner == "candidate"
+        self.assertEqual(first.winner, "candidate")
         (again,), (peer,) = assert_all_ok(
             run_ranks(
                 2,
@@ -154,10 +157,14 @@ class TestKeptDecisions(CollectiveTestCase):
         )
         # A new key (neither the stored decision nor the cached graph is used), tuned afresh:
         # the buggy candidate fails its screen. compile_and_check found the outputs right.
-        assert again == peer and again.source == "benchmark" and again.key != first.key
-        assert again.winner != "candidate"
+        self.assertEqual(again, peer)
+        self.assertEqual(again.source, "benchmark")
+        self.assertNotEqual(again.key, first.key)
+        self.assertNotEqual(again.winner, "candidate")
         status = {t.name: t.reason for t in again.timings}
-        assert "output differs from the reference" in status["candidate"], status
+        self.assertIn(
+            "output differs from the reference", status["candidate"], msg=status
+        )
 
     def test_a_graph_inlining_a_fallback_is_not_loaded_by_the_next_job_but_the_settled_one_is(
         self,
@@ -168,30 +175,32 @@ class TestKeptDecisions(CollectiveTestCase):
         (fallback,), _ = assert_all_ok(
             run_ranks(2, late_then_on_time_body, True, env=env, restarts=True)
         )
-        assert (
-            fallback.winner == "default"
-            and fallback.provisional
-            and "did not arrive" in fallback.reason
-        )
+        self.assertEqual(fallback.winner, "default")
+        self.assertTrue(fallback.provisional)
+        self.assertIn("did not arrive", fallback.reason)
         (next_job,), (peer,) = assert_all_ok(
             run_ranks(2, late_then_on_time_body, False, env=env, restarts=True)
         )
-        assert next_job == peer and next_job.source == "benchmark"
+        self.assertEqual(next_job, peer)
+        self.assertEqual(next_job.source, "benchmark")
         third = assert_all_ok(
             run_ranks(2, late_then_on_time_body, False, env=env, restarts=True)
         )
-        assert not next_job.provisional, next_job
+        self.assertFalse(next_job.provisional, msg=next_job)
         # The FX-graph cache now holds two entries for the graph's key: the fallback's
         # and the settled one. The lookup passes over the first, so the third job loads
         # the settled graph and times nothing.
         for (record,) in third:
-            assert record.source == "cache" and record.winner == next_job.winner, record
+            self.assertEqual(record.source, "cache", msg=str(record))
+            self.assertEqual(record.winner, next_job.winner, msg=str(record))
 
     def test_a_restarted_attempt_does_not_inherit_the_fallback_of_the_first(self):
         a, b = assert_all_ok(run_ranks(2, restarted_attempt_body, env=NO_GRAPH_CACHES))
         (first,), (second,) = a["first"], a["second"]
-        assert first.winner == "default" and first.provisional
-        assert a["second"] == b["second"] and second.source == "benchmark"
+        self.assertEqual(first.winner, "default")
+        self.assertTrue(first.provisional)
+        self.assertEqual(a["second"], b["second"])
+        self.assertEqual(second.source, "benchmark")
 
 
 instantiate_parametrized_tests(TestKeptDecisions)

@@ -22,7 +22,13 @@ from torch.testing._internal.common_utils import (
     TestCase,
 )
 
-from collective_harness import assert_all_ok, DEVICE_CASES, Rank, run_ranks
+from collective_harness import (
+    assert_all_ok,
+    DEVICE_CASES,
+    Rank,
+    run_ranks,
+    single_process,
+)
 from examples.tp_allreduce import ops as tp_ops
 
 
@@ -131,32 +137,34 @@ class TestTableOp(TestCase):
         "world_size, capability, nbytes, implementation",
         [(*where, *pick) for where, picks in DOCUMENTED.items() for pick in picks],
     )
+    @single_process
     def test_table_picks_what_vllm_runs(
         self, world_size, capability, nbytes, implementation
     ):
-        assert (
-            tp_ops.table_limits(world_size, capability).pick(nbytes) == implementation
+        self.assertEqual(
+            tp_ops.table_limits(world_size, capability).pick(nbytes), implementation
         )
 
     @parametrize("device", DEVICE_CASES)
     def test_table_op_sums_as_all_reduce_on_both_sides_of_each_limit(self, device):
         per_rank = assert_all_ok(run_ranks(2, table_body, device=device))
-        assert per_rank[1] == per_rank[0]
+        self.assertEqual(per_rank[1], per_rank[0])
         sizes = [nbytes for nbytes, _ in per_rank[0]]
         if device == "cpu":
             # Both sides of 2 Hopper GPUs' limits, each summed by the op's own (gloo) all-reduce.
-            assert sizes == [8 * MiB - 4, 8 * MiB, 64 * MiB, 64 * MiB + 4]
-            assert [ran for _, ran in per_rank[0]] == [[NCCL]] * 4
+            self.assertEqual(sizes, [8 * MiB - 4, 8 * MiB, 64 * MiB, 64 * MiB + 4])
+            self.assertEqual([ran for _, ran in per_rank[0]], [[NCCL]] * 4)
         else:
             limits = tp_ops.table_limits(
                 2, tp_ops.device_capability(torch.device("cuda"))
             )
             picks = [ran for _, ran in per_rank[0]]
-            assert picks == [[limits.pick(n)] for n in sizes]
+            self.assertEqual(picks, [[limits.pick(n)] for n in sizes])
             # On 2 ranks each limit is a switch: the sizes come in pairs across one.
-            assert all(
-                below != above for below, above in zip(picks[::2], picks[1::2])
-            ), picks
+            self.assertTrue(
+                all(below != above for below, above in zip(picks[::2], picks[1::2])),
+                msg=picks,
+            )
 
 
 def symm_buffers_under_cudagraphs_body(r: Rank) -> list[int]:
@@ -199,7 +207,9 @@ class TestSymmetricBuffers(TestCase):
             run_ranks(world_size, symm_buffers_under_cudagraphs_body, device="cuda")
         )
         # Made at the first size, grown (doubled at least) at the second.
-        assert all(sizes == [4 * 256, 64 * 256] for sizes in per_rank), per_rank
+        self.assertTrue(
+            all(sizes == [4 * 256, 64 * 256] for sizes in per_rank), msg=per_rank
+        )
 
 
 instantiate_parametrized_tests(TestTableOp)

@@ -1,4 +1,5 @@
-"""One run of each test where one run covers it (``make test``).
+"""A pytest plugin (``-p collective_lanes``, pyproject's addopts): one run of each test
+where one run covers it (``make test``).
 
 ``make test`` runs the files with rank tests under torchrun with 2 and with 4 ranks (each
 process a rank, the test's body run in it), then the whole suite self-spawning (each
