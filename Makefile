@@ -56,6 +56,9 @@ demo: overlay
 # lists them (gcc 12 builds each); a value set by the caller wins. The demo and the GPU
 # targets keep Inductor's default.
 test test-2.13 test-2.11: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
+# Each rank's compile would start a pool of compile workers, each importing torch anew:
+# on 2 cores they cost more CPU than they save. A value set by the caller wins.
+test test-2.13 test-2.11: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 # The files whose tests run on ranks: under torchrun every process is a rank and each
 # test's body runs in it (cases of another world size skip there). Their tests that use
 # no rank are marked single_process and skip under torchrun.
@@ -78,14 +81,17 @@ lint: $(VENV)/.installed
 PASSED := build/test-passed
 PYTEST := -m pytest -q -p no:cacheprovider --durations=10
 # $(1) venv, $(2) its record folder, $(3) world size, $(4) test files, $(5) -k filter.
-ranks = COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/$(2)/$(3) \
-	$(1)/bin/torchrun --nproc_per_node=$(3) $(PYTEST) $(4) $(if $(5),-k "$(5)")
+ranks = COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/$(2)/$(3) $(1)/bin/torchrun \
+	--standalone --nproc_per_node=$(3) $(PYTEST) $(4) $(if $(5),-k "$(5)")
 # $(1) venv, $(2) its record folder, $(3) test files, $(4) -k filter.
 rest = COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/$(2)/2:$(PASSED)/$(2)/4 \
 	$(1)/bin/python $(PYTEST) $(3) $(if $(4),-k "$(4)")
 
-# Lint; torch 2.13 and 2.11; then 2.14 with gloo on 2 and 4 ranks.
-test: venvs lint overlay test-2.13 test-2.11
+# Lint; torch 2.13 and 2.11 side by side (each torchrun on a free port); then 2.14 with
+# gloo on 2 and 4 ranks.
+test: venvs
+	$(MAKE) lint overlay overlay-2.13 overlay-2.11
+	$(MAKE) -j2 --output-sync=target test-2.13 test-2.11
 	rm -rf $(PASSED)/2.14
 	$(call ranks,$(VENV),2.14,2,$(RANK_TESTS),)
 	$(call ranks,$(VENV),2.14,4,$(RANK_TESTS),)
@@ -101,7 +107,8 @@ MINOR_TESTS := test/tools/test_overlay.py test/distributed/test_store_session.py
 	test/inductor/test_collective_op_tuning_conformance.py \
 	test/inductor/test_collective_op_tuning_noncollective.py \
 	test/inductor/test_collective_op_tuning.py
-MINOR_SELECT := overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off or one_winner
+# Four ranks run on 2.14 only.
+MINOR_SELECT := (overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off or one_winner) and not world_size_4
 
 MINOR_RANK_TESTS = $(filter $(RANK_TESTS),$(MINOR_TESTS))
 

@@ -545,7 +545,7 @@ def goals(
         **(
             {
                 "ladder_extra_compile_s": {
-                    # Issue 17's budget for the ladder of one op: the median of each
+                    # The budget for the ladder of one op: the median of each
                     # round's tuned minus untuned cold job.
                     "value": ladder_extra,
                     "goal": "<= 0.5 s cold",

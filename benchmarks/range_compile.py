@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 benchmarks/range_compile.py --out benchmarks/results/range_compile_gloo2.json
 
-Issue 40's goal: each range graph after the first (kernel/collective/range_graphs.py)
+The goal: each range graph after the first (kernel/collective/range_graphs.py)
 costs at most its untuned compile + 0.2 s. "Its untuned compile" is the model compiled
 once, dynamically, with the range's winner written in: the graph a user would have
 compiled had they known the winner, which is what the range graph inlines. (The op's own

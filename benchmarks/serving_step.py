@@ -131,7 +131,7 @@ from common import (
 from examples.tp_allreduce import ops
 
 
-# Goals (issue 40), in both modes: the dynamic model's step within LOSS_GOAL_PCT of the
+# Goals, in both modes: the dynamic model's step within LOSS_GOAL_PCT of the
 # best single-implementation dynamic compile at its size; never more than TABLE_SLOWER_PCT
 # slower than vLLM's table, and TABLE_BEAT_PCT faster where the table's pick loses to the
 # best single implementation by more than that; no cudagraph skips, no compile after the
@@ -142,7 +142,7 @@ TABLE_SLOWER_PCT = 1.0
 TABLE_BEAT_PCT = 3.0
 LADDER_GOAL_S = 0.5
 RANGE_COMPILE_S = 0.2
-# Issue 73: the engine's flow (guards filtered) within this of plain torch.compile.
+# Goal: the engine's flow (guards filtered) within this of plain torch.compile.
 ENGINE_GOAL_PCT = 1.0
 EXIT_S = 30.0
 COMPILE_TOKENS = 100  # not 1 (Dynamo's specialisation) and no size of the sweep

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import collective_store_scale as bench
 
 
-# The goals of issue 33.
+# The goals of the Store protocol at scale.
 KEY_REQUESTS_GOAL = 10
 WAITING_REQUESTS_PER_S_GOAL = 2.0
 # What an agreed (benchmarked) key costs a rank now: a decision read, one vote of 4

@@ -81,7 +81,7 @@ class TestPicksUnderLoad(CollectiveTestCase):
     def test_a_pick_made_under_load_is_provisional_until_a_quiet_job_settles_it(self):
         loaded = self.one_job(LOADED)
         self.assertEqual((loaded.winner, loaded.provisional), ("skewed", True))
-        self.assertIn("host was busy", loaded.reason)
+        self.assertIn("host was busy", loaded.confidence.reason)
         entry = self.assert_kept_as_judged(loaded)
         self.assertEqual((entry["winner"], entry["runner_up"]), ("skewed", "balanced"))
         # Timed again, the stored winner against its runner-up only, and settled.
