@@ -17,7 +17,7 @@ VENV_211 := .venv-2.11
 VPY_211 := $(VENV_211)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test lint venvs test-2.13 test-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
+.PHONY: demo test lint venvs test-2.13 test-2.11 test-2.14-rest test-2.13-then-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,10 +55,10 @@ demo: overlay
 # spawned rank paid up to 30 s for it on torch 2.11. The tests take the ISAs as the CPU
 # lists them (gcc 12 builds each); a value set by the caller wins. The demo and the GPU
 # targets keep Inductor's default.
-test test-2.13 test-2.11: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
+test test-2.13 test-2.11 test-2.14-rest: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
 # Each rank's compile would start a pool of compile workers, each importing torch anew:
 # on 2 cores they cost more CPU than they save. A value set by the caller wins.
-test test-2.13 test-2.11: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
+test test-2.13 test-2.11 test-2.14-rest: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 # The files whose tests run on ranks: under torchrun every process is a rank and each
 # test's body runs in it (cases of another world size skip there). Their tests that use
 # no rank are marked single_process and skip under torchrun.
@@ -87,15 +87,22 @@ ranks = COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/$(2)/$(3) $(1)/bin/torchrun \
 rest = COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/$(2)/2:$(PASSED)/$(2)/4 \
 	$(1)/bin/python $(PYTEST) $(3) $(if $(4),-k "$(4)")
 
-# Lint; torch 2.13 and 2.11 side by side (each torchrun on a free port); then 2.14 with
-# gloo on 2 and 4 ranks.
+# Lint; torch 2.14's rank tests on 2 and 4 gloo ranks; then its self-spawned rest beside
+# the 2.13 and 2.11 lanes, one after the other: much of the rest waits (timeouts, killed
+# ranks, restarts), and they share no state (each torchrun on a free port).
 test: venvs
 	$(MAKE) lint overlay overlay-2.13 overlay-2.11
-	$(MAKE) -j2 --output-sync=target test-2.13 test-2.11
 	rm -rf $(PASSED)/2.14
 	$(call ranks,$(VENV),2.14,2,$(RANK_TESTS),)
 	$(call ranks,$(VENV),2.14,4,$(RANK_TESTS),)
+	$(MAKE) -j2 --output-sync=target test-2.14-rest test-2.13-then-2.11
+
+test-2.14-rest:
 	$(call rest,$(VENV),2.14,test,)
+
+test-2.13-then-2.11:
+	$(MAKE) test-2.13
+	$(MAKE) test-2.11
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the
 # units, the size dispatch, upstream's test patterns, ops that do not communicate, the
