@@ -836,6 +836,25 @@ def break_group_timeout() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_process_groups_by_type() -> None:
+    """c10d's own ops take a ProcessGroup by a script class type, the type of a boxed
+    group: an op that takes one communicates (detection.takes_group_by_type)."""
+    from torch._inductor.kernel.collective import detection
+
+    expected = detection._process_group_type.__wrapped__()
+    with one_rank_group() as group:
+        if expected is None or group.boxed()._type() != expected:
+            raise ContractBroken(
+                f"c10d::barrier takes a group as {expected}, not as a boxed group"
+            )
+
+
+def break_process_groups_by_type() -> contextlib.AbstractContextManager[Any]:
+    return mock.patch.object(
+        torch.ops.c10d, "barrier", torch.ops._c10d_functional.all_reduce
+    )
+
+
 def check_group_registry() -> None:
     """c10d resolves a group by name (_resolve_process_group) and lists this rank's
     groups with their ranks (_world.pg_group_ranks): sessions and heartbeats use both."""
@@ -2291,6 +2310,12 @@ CONTRACTS: list[Contract] = [
         "collective_benchmarking",
         check_group_timeout_is_reachable,
         break_group_timeout,
+    ),
+    Contract(
+        "c10d's ops take a ProcessGroup by its script type",
+        "collective/detection.py",
+        check_process_groups_by_type,
+        break_process_groups_by_type,
     ),
     Contract(
         "c10d resolves groups by name and lists a rank's groups",

@@ -185,6 +185,43 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("cat_test::grouped_scale", mutates_args=())
+def grouped_scale(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x`` scaled by ``group``, a count of groups (as in group norm): no process
+    group, whatever the argument's name."""
+    return x * group
+
+
+@grouped_scale.register_fake
+def _(x: torch.Tensor, group: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::layout_scale", mutates_args=())
+def layout_scale(x: torch.Tensor, group: str) -> torch.Tensor:
+    """``x`` scaled as its layout ``group`` ("rows", else columns) says: a string
+    that names no process group."""
+    return x * (2 if group == "rows" else 3)
+
+
+@layout_scale.register_fake
+def _(x: torch.Tensor, group: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cat_test::laid_out_all_reduce", mutates_args=())
+def laid_out_all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
+    """An all-reduce over WORLD; ``group`` names a layout, not a process group."""
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+
+@laid_out_all_reduce.register_fake
+def _(x: torch.Tensor, group: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 @torch.library.custom_op("cat_test::fail_on_rank", mutates_args=())
 def fail_on_rank(x: torch.Tensor, rank: int) -> torch.Tensor:
     if dist.get_rank() == rank:
@@ -464,6 +501,26 @@ def reduce_scatter_by_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tens
     rows = x.shape[0] // group.size()
     full = fc.wait_tensor(fc.all_reduce(x, "sum", group_name))
     return full[dist.get_rank(group) * rows : (dist.get_rank(group) + 1) * rows].clone()
+
+
+def scaled_by_count(x: torch.Tensor, group: int) -> torch.Tensor:
+    return x * group
+
+
+def added_by_count(x: torch.Tensor, group: int) -> torch.Tensor:
+    return sum([x] * group)
+
+
+def scaled_by_layout(x: torch.Tensor, group: str) -> torch.Tensor:
+    return x * (2 if group == "rows" else 3)
+
+
+def added_by_layout(x: torch.Tensor, group: str) -> torch.Tensor:
+    return x + x * (1 if group == "rows" else 2)
+
+
+def laid_out_over_world(x: torch.Tensor, group: str) -> torch.Tensor:
+    return fc.wait_tensor(fc.all_reduce(x, "sum", dist.group.WORLD.group_name))
 
 
 def scale_by_mul(x: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,10 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -169,11 +173,34 @@ def _store_requests() -> int:
     return member.client.requests if member is not None else 0
 
 
-def non_collective_body(r: Rank) -> dict:
+# Ops that communicate nothing: by name (none), and called with an argument named like
+# a process group that is a count, or a string that names no group.
+NON_COLLECTIVE_CALLS = {
+    "no_group": lambda x: ops.scale(x) + 1,
+    "group_count": lambda x: ops.grouped_scale(x, 4) + 1,
+    "group_string_naming_none": lambda x: ops.layout_scale(x, "rows") + 1,
+}
+
+
+def non_collective_body(r: Rank, call: str) -> dict:
     from torch._inductor.runtime import collective_protocol
     from torch.distributed import _store_session
 
     ops.register_standard_ops()
+    register_custom_op_autotuning(
+        ops.grouped_scale,
+        configs=[
+            CustomOpConfig(ops.scaled_by_count),
+            CustomOpConfig(ops.added_by_count),
+        ],
+    )
+    register_custom_op_autotuning(
+        ops.layout_scale,
+        configs=[
+            CustomOpConfig(ops.scaled_by_layout),
+            CustomOpConfig(ops.added_by_layout),
+        ],
+    )
     counters.clear()
     before = _store_requests()
     # Under torchrun this process ran other tests' sessions first: count what this one adds.
@@ -182,11 +209,10 @@ def non_collective_body(r: Rank) -> dict:
         (len(member.joined), len(member.known)) if member else (0, 0)
     )
 
-    def f(x):
-        return ops.scale(x) + 1
-
     start = time.monotonic()
-    records = compile_and_check(f, torch.randn(32, 32, device=r.device))
+    records = compile_and_check(
+        NON_COLLECTIVE_CALLS[call], torch.randn(32, 32, device=r.device)
+    )
     elapsed = time.monotonic() - start
     member = collective_protocol._participant
     # A compile in a distributed job beats (a peer may wait in a session for this rank's
@@ -201,6 +227,18 @@ def non_collective_body(r: Rank) -> dict:
         <= per_look * looks,
         "autotuned": counters["inductor"]["select_algorithm_autotune"],
     }
+
+
+def laid_out_all_reduce_body(r: Rank) -> None:
+    """An op whose argument ``group`` names no process group ("rows") while its choices
+    communicate (over WORLD): which group it means cannot be told."""
+    register_custom_op_autotuning(
+        ops.laid_out_all_reduce,
+        configs=[CustomOpConfig(ops.laid_out_over_world)],
+    )
+    compile_and_check(
+        lambda x: ops.laid_out_all_reduce(x, "rows"), torch.randn(8, 8, device=r.device)
+    )
 
 
 # -- where collective tuning does not apply ------------------------------------------------------
@@ -522,12 +560,15 @@ class TestCollectiveOpTuning(CollectiveTestCase):
         self.assertEqual(short(a0.winner), "y")
         self.assertEqual(short(b0.winner), "x")
 
+    @parametrize("call", list(NON_COLLECTIVE_CALLS))
     @parametrize("device", DEVICE_CASES)
-    def test_non_collective_op_is_tuned_as_before(self, device):
+    def test_non_collective_op_is_tuned_as_before(self, device, call):
+        # Tuned by upstream on each rank alone, whatever its arguments are named.
         per_rank = assert_all_ok(
             run_ranks(
                 2,
                 non_collective_body,
+                call,
                 device=device,
                 env={"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "{rank}")},
             )
@@ -542,6 +583,17 @@ class TestCollectiveOpTuning(CollectiveTestCase):
                     "store_requests_within_heartbeats": True,
                     "autotuned": 1,
                 },
+            )
+
+    def test_a_string_naming_no_group_where_the_choices_communicate_fails_naming_it(
+        self,
+    ):
+        for result in run_ranks(2, laid_out_all_reduce_body):
+            self.assertIsNotNone(result.error, msg=result)
+            self.assertIn(
+                "cat_test::laid_out_all_reduce communicates, but its argument "
+                "group='rows' names no process group this rank knows",
+                result.error,
             )
 
     def test_group_of_one_rank_is_timed_without_waiting_for_peers(self):

@@ -12,10 +12,8 @@ from torch._inductor.kernel.collective.choice_modules import (
     only_calls_opaque_ops,
 )
 from torch._inductor.kernel.collective.choices import code_identity, unwaited_collective
-from torch._inductor.runtime.collective_benchmarking import (
-    is_collective_op,
-    TimingMode,
-)
+from torch._inductor.kernel.collective.detection import is_collective_op
+from torch._inductor.runtime.collective_benchmarking import TimingMode
 from torch.testing._internal.common_utils import run_tests, TestCase
 
 
@@ -414,12 +412,12 @@ class TestCollectiveOpTuningUnitsChoices(TestCase):
     def test_an_op_named_like_a_collective_that_does_not_communicate_is_none(self):
         from torch._inductor.kernel.collective.detection import (
             collective_calls,
-            names_a_collective,
+            may_communicate,
         )
 
         op = torch.ops.cat_units.broadcast_weights.default
         self.assertFalse(is_collective_op(op))
-        self.assertFalse(names_a_collective(op))
+        self.assertFalse(may_communicate(op))
         # Its implementation calls no collective: nothing makes it one.
         gm = torch.fx.experimental.proxy_tensor.make_fx(_broadcast_weights)(
             torch.ones(2, 3)
@@ -448,6 +446,38 @@ class TestCollectiveOpTuningUnitsChoices(TestCase):
         graph.output(weights)
         gm = torch.fx.GraphModule(torch.nn.Module(), graph)
         self.assertEqual(collective_calls(gm), [])
+
+
+# Ops that take a process group by type, or an argument named "group" of another kind.
+_GROUPS = torch.library.Library("cat_units_groups", "DEF")
+_GROUPS.define(
+    "by_type(Tensor x, __torch__.torch.classes.c10d.ProcessGroup pg) -> Tensor"
+)
+_GROUPS.define("by_count(Tensor x, int group) -> Tensor")
+_GROUPS.define("by_string(Tensor x, str group) -> Tensor")
+
+
+class TestGroupDetection(TestCase):
+    def test_a_group_is_told_by_type_or_by_a_name_this_rank_knows(self):
+        from torch._inductor.kernel.collective.detection import (
+            call_names_a_group,
+            may_communicate,
+            named_groups,
+        )
+
+        ops = torch.ops.cat_units_groups
+        # A ProcessGroup by type communicates, whatever the argument is named.
+        self.assertTrue(may_communicate(ops.by_type.default))
+        # A count named "group" never does.
+        self.assertFalse(may_communicate(ops.by_count.default))
+        self.assertEqual(named_groups(ops.by_count.default, {"group": 4}), [])
+        # A string named "group" may: its value decides, and "rows" names no group.
+        self.assertTrue(may_communicate(ops.by_string.default))
+        (named,) = named_groups(ops.by_string.default, {"group": "rows"})
+        self.assertEqual(
+            (named.argument, named.value, named.group), ("group", "rows", None)
+        )
+        self.assertFalse(call_names_a_group(ops.by_string.default, {"group": "rows"}))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from torch.distributed._store_session import Deadline, describe, look_interval
 from .collective_protocol import CollectiveAutotuneError, StoreLostError
 
 if TYPE_CHECKING:
-    from torch._ops import OpOverload, OpOverloadPacket
     from torch.distributed import ProcessGroup
 
     from .collective_protocol import CollectiveSession
@@ -43,56 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _packets(namespace: str, names: str) -> frozenset[str]:
-    return frozenset(f"{namespace}::{name}" for name in names.split())
-
-
-# The ops that communicate, by OpOverloadPacket name (torch 2.11 to 2.14). Exact names
-# (``aten::broadcast_to`` is none); a user's op communicates when its implementations
-# call these (kernel/collective/detection.py).
-COLLECTIVE_OPS: frozenset[str] = (
-    _packets(
-        "_c10d_functional",
-        """all_gather_into_tensor all_gather_into_tensor_coalesced
-        all_gather_into_tensor_out all_reduce all_reduce_ all_reduce_coalesced
-        all_reduce_coalesced_ all_to_all_single batch_p2p_ops broadcast broadcast_
-        irecv isend reduce_scatter_tensor reduce_scatter_tensor_coalesced
-        reduce_scatter_tensor_out""",
-    )
-    | _packets(
-        "_c10d_functional_autograd",
-        "all_gather_into_tensor all_reduce all_to_all_single reduce_scatter_tensor",
-    )
-    | _packets(
-        "c10d",
-        """_allgather_base_ _reduce_scatter_base_ allgather_ allgather_coalesced_
-        allgather_into_tensor_coalesced_ allreduce_ allreduce_coalesced_ alltoall_
-        alltoall_base_ barrier broadcast_ gather_ gather_into_tensor_
-        monitored_barrier_ recv_ recv_any_source_ reduce_ reduce_scatter_
-        reduce_scatter_tensor_coalesced_ scatter_ send""",
-    )
-    | _packets("_dtensor", "shard_dim_alltoall")
-    | _packets(
-        "symm_mem",
-        """_async_input_mm _barrier _low_contention_all_gather
-        _low_contention_all_gather_ce_multicast
-        _low_contention_all_gather_ce_multicast_out _low_contention_reduce_scatter
-        _rendezvous all_to_all_vdev all_to_all_vdev_2d all_to_all_vdev_2d_offset
-        fused_all_gather_matmul fused_all_gather_scaled_matmul
-        fused_matmul_reduce_scatter fused_scaled_matmul_reduce_scatter
-        get_remote_tensors memcpy_to_multicast_ memset32_ multi_root_tile_reduce
-        multimem_all_gather_out multimem_all_reduce_ multimem_one_shot_all_reduce
-        multimem_one_shot_all_reduce_out multimem_one_shot_reduce_out
-        nccl_all_to_all_nd nccl_get nccl_get_out nccl_put nccl_put_signal
-        nccl_put_with_signal nccl_reduce_scatter_offset nccl_wait_for_signal
-        nccl_wait_signal nvshmem_all_to_all nvshmem_broadcast nvshmem_get
-        nvshmem_get_out nvshmem_put nvshmem_put_with_signal nvshmem_wait_for_signal
-        one_shot_all_reduce one_shot_all_reduce_copy one_shot_all_reduce_copy_out
-        one_shot_all_reduce_out reduce_scatter_out stream_write_value32_ tile_reduce
-        two_shot_all_reduce_ two_shot_all_reduce_out""",
-    )
-)
-_SYMMETRIC_MEMORY_NAMESPACE = "symm_mem"
 # Bounds on calls per eager sample and per captured batch, whatever the estimates say.
 _MAX_CALLS_PER_SAMPLE = 1024
 # Fewest calls per captured batch, so a replay's launch is a small part of each call; a
@@ -122,29 +71,6 @@ _SCREEN_TOLERANCE = {
 }
 # Longest pause between polls of a device event: short, yet not spinning a core.
 _MAX_DEVICE_POLL_S = 2e-4
-
-
-def _packet_name(op: OpOverload | OpOverloadPacket | str) -> str:
-    """The qualified name ("ns::name") of ``op``'s OpOverloadPacket."""
-    if isinstance(op, torch._ops.OpOverload):
-        return f"{op.namespace}::{op._opname}"
-    if isinstance(op, torch._ops.OpOverloadPacket):
-        return op._qualified_op_name
-    # "torch.ops.ns.name.overload", "ns::name" or "ns.name.overload"
-    parts = str(op).removeprefix("torch.ops.").replace("::", ".").split(".")
-    return "::".join(parts[:2])
-
-
-def is_collective_op(op: OpOverload | OpOverloadPacket | str) -> bool:
-    """Whether ``op`` (an OpOverload, its packet or its name) communicates across ranks;
-    ``wait_tensor`` does not."""
-    return _packet_name(op) in COLLECTIVE_OPS
-
-
-def uses_symmetric_memory(op: OpOverload | OpOverloadPacket | str) -> bool:
-    """Whether ``op`` needs its input in symmetric memory of its group."""
-    namespace = _packet_name(op).partition("::")[0]
-    return namespace == _SYMMETRIC_MEMORY_NAMESPACE
 
 
 class TimingMode(str, enum.Enum):

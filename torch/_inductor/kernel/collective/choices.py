@@ -18,7 +18,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor.kernel.collective.detection import names_a_collective, op_name
+from torch._inductor.kernel.collective.detection import (
+    lowered_call_names_a_group,
+    op_name,
+    uses_symmetric_memory,
+)
 from torch._inductor.kernel.collective.records import cleared_with_inductor_caches
 from torch._inductor.kernel.collective.waits import (
     is_functional_collective,
@@ -32,7 +36,6 @@ from torch._inductor.kernel.collective.waits import (
     waited_call,
     with_waits,
 )
-from torch._inductor.runtime.collective_benchmarking import uses_symmetric_memory
 from torch._inductor.runtime.collective_decisions import digest
 from torch.distributed._store_session import describe
 from torch.utils._pytree import tree_map_only
@@ -157,18 +160,19 @@ def _python_kernel(qualname: str) -> Callable[..., Any] | None:
 
 
 # Kept for the process, as upstream keeps lowerings: fresh_cache must not forget ops.
-_collective: dict[str, bool] = {}
+_may_communicate: dict[str, bool] = {}
 _registered_identities: dict[str, str] = {}
 # Seen at compiles since Inductor's caches were cleared; cached graphs must match them.
 _identities: dict[str, str] = cleared_with_inductor_caches({})
 
 
 def register(
-    op: torch._ops.OpOverload, configs: Sequence[Any], collective: bool
+    op: torch._ops.OpOverload, configs: Sequence[Any], may_communicate: bool
 ) -> None:
-    """Note an op registered for autotuning and, if it communicates, its code."""
-    _collective[op_name(op)] = collective
-    if collective:
+    """Note an op registered for autotuning and, if it may communicate (its calls
+    tell), its code."""
+    _may_communicate[op_name(op)] = may_communicate
+    if may_communicate:
         schema = schema_arguments(op)
         registered = identities(
             op,
@@ -181,9 +185,9 @@ def register(
         _registered_identities.update(registered)
 
 
-def is_registered_collective(op: torch._ops.OpOverload) -> bool:
-    """Whether ``op`` was registered for autotuning and communicates."""
-    return _collective.get(op_name(op), False)
+def registered_and_may_communicate(op: torch._ops.OpOverload) -> bool:
+    """Whether ``op`` was registered for autotuning and may communicate."""
+    return _may_communicate.get(op_name(op), False)
 
 
 def identities(
@@ -351,7 +355,7 @@ def _shared_traces(
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
-    if not (config.collective_autotune and names_a_collective(op)):
+    if not (config.collective_autotune and lowered_call_names_a_group(op)):
         return None
     return _traces.setdefault(V.graph, {}).setdefault((decomposition, op), {})
 

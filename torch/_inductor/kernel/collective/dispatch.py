@@ -29,7 +29,10 @@ from torch._inductor.kernel.collective.choice_modules import (
     Stage,
 )
 from torch._inductor.kernel.collective.choices import copied_graph, layout_of
-from torch._inductor.kernel.collective.detection import names_a_collective, op_name
+from torch._inductor.kernel.collective.detection import (
+    lowered_call_names_a_group,
+    op_name,
+)
 from torch._inductor.kernel.collective.range_graphs import (
     known_span,
     range_of_this_graph,
@@ -94,7 +97,7 @@ def dynamic_ladder(
         config.collective_autotune
         and config.collective_autotune_dynamic
         and tensor_inputs
-        and names_a_collective(op)
+        and lowered_call_names_a_group(op)
         and process_group_initialized()
     ):
         return None
@@ -153,7 +156,7 @@ def untuned_at_data_dependent_size(
 ) -> bool:
     """Whether collective ``op`` is left untuned, warning once, as a size is
     data-dependent: its own implementation runs (upstream would fail the compile)."""
-    if not names_a_collective(op):
+    if not lowered_call_names_a_group(op):
         return False
     size = data_dependent_size(tensor_inputs)
     if size is None:
@@ -350,7 +353,7 @@ def lower_size_dispatch(
     one function per subgraph name), and CUDA graphs kept (it reads sizes only)."""
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
 
-    if len(impl_groups) < 2 or not names_a_collective(op):
+    if len(impl_groups) < 2 or not lowered_call_names_a_group(op):
         return None
     dispatch = _dispatch_of_this_graph(
         op, name, _branches(impl_groups), dim, runtime_kwargs, tensor_inputs

@@ -19,9 +19,14 @@ import torch
 from torch._inductor.kernel.collective import dispatch, dynamo_callbacks, range_graphs
 from torch._inductor.kernel.collective.choices import (
     current_identity,
-    is_registered_collective,
+    registered_and_may_communicate,
 )
-from torch._inductor.kernel.collective.detection import GROUP_ARGUMENTS, op_name
+from torch._inductor.kernel.collective.detection import (
+    covering_group,
+    named_groups,
+    node_arguments,
+    op_name,
+)
 from torch._inductor.kernel.collective.records import (
     Action,
     cleared_with_inductor_caches,
@@ -67,50 +72,40 @@ SETTLED_IN_GRAPH = "decided at an earlier site of this graph"
 
 
 def _plan(gm: torch.fx.GraphModule) -> dict[str, list[str]]:
-    """The collective-tuned call sites of ``gm`` by group name, each described by what
-    every rank sees alike (never node names or device indices)."""
+    """The collective-tuned call sites of ``gm`` by the group their calls name, each
+    described by what every rank sees alike (never node names or device indices). A
+    call that names no group is none here: its choices may still communicate, and its
+    site then joins a session of its own."""
     sites: dict[str, list[str]] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(
             node.target, torch._ops.OpOverload
         ):
             continue
-        if not is_registered_collective(node.target):
+        if not registered_and_may_communicate(node.target):
             continue
-        group, descriptor = _site(node)
-        sites.setdefault(group, []).append(descriptor)
+        group, descriptor = _site(node, gm)
+        if group is not None:
+            sites.setdefault(group, []).append(descriptor)
     return {g: sorted(s) for g, s in sites.items()}
 
 
-def _site(node: torch.fx.Node) -> tuple[str, str]:
-    import torch.distributed as dist
-
-    schema = node.target._schema  # type: ignore[union-attr]
-    group = ""
-    parts = [op_name(node.target)]
-    for i, argument in enumerate(schema.arguments):
-        value = (
-            node.args[i]
-            if i < len(node.args)
-            else node.kwargs.get(argument.name, argument.default_value)
-        )
-        if argument.name in GROUP_ARGUMENTS:
-            group = _group_name(value)
+def _site(node: torch.fx.Node, gm: torch.nn.Module) -> tuple[str | None, str]:
+    """The name of the group the call ``node`` names (None: none) and the call
+    described without it."""
+    arguments = node_arguments(node, gm)
+    named = [n for n in named_groups(node.target, arguments) if n.group is not None]
+    parts = [op_name(node.target)]  # type: ignore[arg-type]
+    for name, value in arguments.items():
+        if any(n.argument == name for n in named):
             continue
         meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
         if isinstance(meta, torch.Tensor):
             parts.append(f"{list(meta.shape)}/{list(meta.stride())}/{meta.dtype}")
         else:
             parts.append(repr(value))
-    return group or dist.group.WORLD.group_name, "|".join(parts)
-
-
-def _group_name(value: Any) -> str:
-    import torch.distributed as dist
-
-    if isinstance(value, dist.ProcessGroup):
-        return value.group_name
-    return value if isinstance(value, str) else ""
+    group = covering_group([n.group for n in named]) if named else None  # type: ignore[misc]
+    return (group.group_name if group is not None else None), "|".join(parts)
 
 
 # -- what the group decided ------------------------------------------------------------
@@ -189,7 +184,7 @@ def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSessio
     if group.group_name not in sessions:
         # A site the plan could not see (a hidden collective, or another group).
         node = V.graph.current_node
-        descriptor = _site(node)[1] if node is not None else ""
+        descriptor = _site(node, V.graph.module)[1] if node is not None else ""
         sessions[group.group_name] = _join(
             group, digest([descriptor], _timing_context()), settings, loaded=""
         )

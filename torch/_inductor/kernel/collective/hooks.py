@@ -46,13 +46,15 @@ from torch._inductor.kernel.collective.choices import (
     traced_once,
 )
 from torch._inductor.kernel.collective.detection import (
+    call_names_a_group,
     collective_calls,
-    covering_group,
-    group_arguments,
-    GROUP_ARGUMENTS,
-    names_a_collective,
+    communicated_groups,
+    may_communicate,
+    named_groups,
+    NamedGroup,
     op_name,
-    resolve_group,
+    outside,
+    synchronised_group,
 )
 from torch._inductor.kernel.collective.dispatch import (
     data_dependent_size,
@@ -117,10 +119,11 @@ table_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
 
 def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) -> None:
-    """Called by register_custom_op_autotuning for each op, with its CustomOpConfigs."""
-    collective = names_a_collective(op)
-    register(op, configs, collective)
-    if not collective:
+    """Called by register_custom_op_autotuning for each op, with its CustomOpConfigs.
+    Only what the schema tells is known here; each call's arguments decide."""
+    communicates = may_communicate(op)
+    register(op, configs, communicates)
+    if not communicates:
         return
     dynamo_callbacks.install(compiling=False)
 
@@ -149,7 +152,7 @@ def prepare_choices(
     if untuned_at_data_dependent_size(op, inputs):
         _realize(inputs)
         return [], list(non_tensor_args[:1]), None, None
-    if _switched_off(op):
+    if _switched_off(op, (non_tensor_args or [{}])[0]):
         _realize(inputs)
         traced, args, patches = _to_trace(
             DEFAULT,
@@ -226,11 +229,12 @@ def _known_range_winner(site: selection.CallSite | None) -> str | None:
     return settled.winner
 
 
-def _switched_off(op: torch._ops.OpOverload) -> bool:
-    """Whether ``op`` is a collective op while collective autotuning is off."""
+def _switched_off(op: torch._ops.OpOverload, arguments: dict[str, Any]) -> bool:
+    """Whether a call of ``op`` with ``arguments`` names a process group while
+    collective autotuning is off."""
     from torch._inductor import config
 
-    return not config.collective_autotune and names_a_collective(op)
+    return not config.collective_autotune and call_names_a_group(op, arguments)
 
 
 def _labels(
@@ -306,13 +310,13 @@ def detect_collective(
     op_overload: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
 ) -> tuple[list[ChoiceCaller], bool, ProcessGroup | None]:
-    """The op's choices to autotune, whether they communicate, and over which group.
-
-    The group is the collectives' own, else the op's group argument, else WORLD;
-    several synchronise over the smallest known group covering them. Not collective
-    (warned once) without torch.distributed. ``name`` is the op's autotuning name.
+    """The op's choices to autotune, whether they communicate, and over which group:
+    the site's as prepared before tracing where the call names one, else as
+    :func:`synchronised_group` finds it from the collectives. Not collective (warned
+    once) without torch.distributed. ``name`` is the op's autotuning name.
     """
     choices = list(choices)
+    arguments = (non_tensor_args or [{}])[0]
 
     # Untuned at a data-dependent size, but still a collective: a wait may follow it.
     inputs = getattr(choices[0], "input_nodes", ()) if choices else ()
@@ -320,7 +324,7 @@ def detect_collective(
         check_own_implementation(op_overload, inputs, non_tensor_args)
         return choices, True, None
     initialised = process_group_initialized()
-    collective, groups = _communication(
+    collective, traced, own = _communication(
         choices, op_overload, non_tensor_args, initialised
     )
     if collective and not initialised:
@@ -340,7 +344,16 @@ def detect_collective(
             )
         return [c for c in choices if not trace_failure(c)], False, None
     complete_default_choice(name, choices, op_overload, non_tensor_args)
-    group = _synchronised_group(op_overload, groups, non_tensor_args)
+    group = selection.prepared_group(name) or synchronised_group(
+        op_overload, arguments, [*traced, *own]
+    )
+    beyond = outside(group, own)
+    if beyond:
+        raise CollectiveAutotuneError(
+            f"{op_name(op_overload)}: its own implementation {beyond}, which "
+            f"{', '.join(n.describe() for n in named_groups(op_overload, arguments))} "
+            "names: every rank of a collective op's group must run its fallback"
+        )
     if group.size() == 1:
         # Inductor's benchmarking would deadlock on gloo; one rank's session is free.
         torch._logging.warning_once(
@@ -352,45 +365,33 @@ def detect_collective(
     return choices, True, group
 
 
-def _synchronised_group(
-    op: torch._ops.OpOverload,
-    groups: Sequence[Any],
-    non_tensor_args: Sequence[dict[str, Any]],
-) -> ProcessGroup:
-    """The smallest known group covering ``groups`` and those the arguments name."""
-    named = [
-        value
-        for kwargs in non_tensor_args
-        for key, value in kwargs.items()
-        if key in GROUP_ARGUMENTS
-    ]
-    return covering_group([resolve_group(g, op) for g in [*groups, *named]])
-
-
 def _communication(
     choices: list[ChoiceCaller],
     op: torch._ops.OpOverload,
     non_tensor_args: Sequence[dict[str, Any]],
     initialised: bool,
-) -> tuple[bool, list[Any]]:
-    """Whether ``op`` or its choices communicate, and the groups their collectives pass;
-    once torch.distributed is ``initialised``, the op's own implementation tells too."""
-    groups: list[Any] = []
-    # The name tells where the traced graphs cannot (only a decided winner traced).
-    collective = names_a_collective(op)
+) -> tuple[bool, list[NamedGroup], tuple[NamedGroup, ...]]:
+    """Whether the call or its choices communicate, the groups the choices'
+    collectives pass, and (once torch.distributed is ``initialised``) those of the
+    op's own implementation, which tells too."""
+    traced: list[NamedGroup] = []
+    # The call tells where the traced graphs cannot (only a decided winner traced).
+    collective = call_names_a_group(op, (non_tensor_args or [{}])[0])
     for choice in choices:
         gm = getattr(choice, "gm", None)
         if gm is None or trace_failure(choice):
             continue
-        for node in collective_calls(gm):
+        if collective_calls(gm):
             collective = True
-            groups.extend(group_arguments(node, gm))
+            traced.extend(communicated_groups(gm))
+    own: tuple[NamedGroup, ...] = ()
     if initialised and (collective or any(trace_failure(c) for c in choices)):
         # Every rank's fallback must be right too, and tells where no choice traced.
-        own = check_own_implementation(op, choices[0].input_nodes, non_tensor_args)
-        collective = collective or bool(own.groups)
-        groups.extend(own.groups)
-    return collective, groups
+        own = check_own_implementation(
+            op, choices[0].input_nodes, non_tensor_args
+        ).groups
+        collective = collective or bool(own)
+    return collective, traced, own
 
 
 def cached_graph_usable(graph: CompiledFxGraph) -> bool:
@@ -450,13 +451,13 @@ def lowered_once(
         tensors = [a for a in args if hasattr(a, "get_size")]
         untuned = untuned_at_data_dependent_size(op, tensors)
         # Without torch.distributed, detect_collective tunes it as any other op.
-        switched_off = _switched_off(op) and process_group_initialized()
+        arguments = call_arguments(op, args, kwargs)
+        switched_off = _switched_off(op, arguments) and process_group_initialized()
         if untuned or switched_off:
             out = as_itself()
-            arguments = call_arguments(op, args, kwargs)
             own = check_own_implementation(op, tensors, [arguments])
             if not untuned:
-                group = _synchronised_group(op, own.groups, [arguments])
+                group = synchronised_group(op, arguments, own.groups)
                 _keep(selection.untuned_record(name, group))
             return own_output(own, out)
         active = True

@@ -29,9 +29,10 @@ from torch._inductor.kernel.collective.choices import (
     writes_into_input,
 )
 from torch._inductor.kernel.collective.detection import (
-    GROUP_ARGUMENTS,
-    names_a_collective,
-    resolve_group,
+    call_names_a_group,
+    communicated_groups,
+    outside,
+    synchronised_group,
 )
 from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
@@ -121,25 +122,22 @@ def prepare_site(
     benchmark_with_cudagraphs: bool,
     neighbours: Neighbours,
 ) -> CallSite | None:
-    """The call of ``op`` being lowered, for ops whose name or arguments say they
-    communicate while collective tuning is on; None otherwise."""
-    import torch.distributed as dist
+    """The call of ``op`` being lowered, where its arguments name a process group
+    while collective tuning is on; None otherwise (its choices may still communicate:
+    the site is then built after tracing). The site's group is the call's for good."""
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
     _prepared.setdefault(V.graph, {}).pop(name, None)
+    arguments = (non_tensor_args or [{}])[0]
     if not (
-        names_a_collective(op)
-        and config.collective_autotune
+        config.collective_autotune
         and process_group_initialized()
         and inputs
+        and call_names_a_group(op, arguments)
     ):
         return None
-    named = [v for k, v in (non_tensor_args or [{}])[0].items() if k in GROUP_ARGUMENTS]
-    try:
-        group = resolve_group(named[0], op) if named else dist.group.WORLD
-    except (ValueError, TypeError):
-        return None  # detection reports it
+    group = synchronised_group(op, arguments, ())
     site = _call_site(
         name=name,
         op=op,
@@ -355,6 +353,12 @@ def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
     )
 
 
+def prepared_group(name: str) -> ProcessGroup | None:
+    """The group of op ``name``'s site as prepared before tracing, or None."""
+    site = _prepared_sites().get(name)
+    return site.group if site is not None else None
+
+
 def _prepared_sites() -> dict[str, CallSite]:
     from torch._inductor.virtualized import V
 
@@ -536,12 +540,18 @@ class _SiteWork:
                 **{
                     label: why
                     for label, c in self.by_label.items()
-                    if (
-                        why := trace_failure(c)
-                        or writes_into_input(getattr(c, "gm", None), self.site.mutable)
-                    )
+                    if (why := self._unusable(getattr(c, "gm", None), trace_failure(c)))
                 },
             },
+        )
+
+    def _unusable(self, gm: torch.fx.GraphModule | None, failure: str) -> str:
+        """Why a choice (its traced ``gm``) cannot be tuned here, or "": it failed
+        while traced, writes into an input, or communicates beyond the site's group."""
+        if failure or gm is None:
+            return failure
+        return writes_into_input(gm, self.site.mutable) or outside(
+            self.site.group, communicated_groups(gm)
         )
 
     def build(self, labels: Sequence[str]) -> dict[str, str]:

@@ -17,7 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._inductor.kernel.collective.detection import op_name
+from torch._inductor.kernel.collective.detection import (
+    named_groups,
+    NamedGroup,
+    op_name,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
@@ -53,8 +57,8 @@ class WaitBeforeRead(TorchDispatchMode):
         # Unwaited outputs by id, kept alive with their collective's name.
         self.pending: dict[int, tuple[torch.Tensor, str]] = {}
         self.added: list[str] = []
-        # The names of the process groups the collectives seen run on.
-        self.groups: list[str] = []
+        # The process groups the collectives seen pass, as they name them.
+        self.groups: list[NamedGroup] = []
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -69,11 +73,8 @@ class WaitBeforeRead(TorchDispatchMode):
             )
         out = func(*args, **kwargs)
         if is_functional_collective(func):
-            self.groups += [
-                value
-                for argument, value in zip(func._schema.arguments, args)
-                if argument.name == "group_name"
-            ]
+            names = [argument.name for argument in func._schema.arguments]
+            self.groups += named_groups(func, {**dict(zip(names, args)), **kwargs})
             written = [out] + [
                 value
                 for argument, value in zip(func._schema.arguments, args)
@@ -208,10 +209,11 @@ def _say_waited(op: str, implementation: str, added: Sequence[str]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class OwnImplementation:
-    """What tracing the op's own implementation showed: its waits, its groups' names."""
+    """What tracing the op's own implementation showed: its waits, and the groups its
+    collectives pass."""
 
     waits: Waits = Waits.NONE
-    groups: tuple[str, ...] = ()
+    groups: tuple[NamedGroup, ...] = ()
 
 
 # Per op body, weakly: an op defined anew is traced anew.
