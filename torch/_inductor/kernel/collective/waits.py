@@ -27,9 +27,6 @@ from torch.utils._pytree import tree_map_only
 
 log = logging.getLogger(__name__)
 
-# The reader named when a wait is added at the implementation's output.
-AT_OUTPUT = "the op's output"
-
 
 def _wait_op() -> torch._ops.OpOverload:
     return torch.ops._c10d_functional.wait_tensor.default
@@ -48,6 +45,23 @@ def is_wait(func: Any) -> bool:
     return func is _wait_op()
 
 
+@dataclasses.dataclass(frozen=True)
+class AddedWait:
+    """A wait :class:`WaitBeforeRead` added: after ``collective``, before ``reader``
+    (an op that reads its output), or at the implementation's output (None)."""
+
+    collective: str
+    reader: str | None = None
+
+    def describe(self) -> str:
+        if self.reader is None:
+            return f"returns the output of {self.collective} without wait_tensor"
+        return (
+            f"reads the output of {self.collective} before wait_tensor "
+            f"(in {self.reader})"
+        )
+
+
 class WaitBeforeRead(TorchDispatchMode):
     """Adds ``wait_tensor`` before the first op that reads an unwaited functional
     collective's output; ``added`` says where. Everything else passes through."""
@@ -56,7 +70,7 @@ class WaitBeforeRead(TorchDispatchMode):
         super().__init__()
         # Unwaited outputs by id, kept alive with their collective's name.
         self.pending: dict[int, tuple[torch.Tensor, str]] = {}
-        self.added: list[str] = []
+        self.added: list[AddedWait] = []
         # The process groups the collectives seen pass, as they name them.
         self.groups: list[NamedGroup] = []
 
@@ -88,16 +102,13 @@ class WaitBeforeRead(TorchDispatchMode):
                 )
         return out
 
-    def wait(self, tensor: torch.Tensor, reader: str) -> torch.Tensor:
-        """``tensor``, waited for first where it is an unwaited collective output."""
+    def wait(self, tensor: torch.Tensor, reader: str | None = None) -> torch.Tensor:
+        """``tensor``, waited for first where it is an unwaited collective output, before
+        op ``reader`` reads it (None: at the implementation's output)."""
         entry = self.pending.pop(id(tensor), None)
         if entry is None:
             return tensor
-        self.added.append(
-            f"returns the output of {entry[1]} without wait_tensor"
-            if reader == AT_OUTPUT
-            else f"reads the output of {entry[1]} before wait_tensor (in {reader})"
-        )
+        self.added.append(AddedWait(entry[1], reader))
         return _wait_op()(tensor)
 
 
@@ -112,8 +123,8 @@ class Waits(enum.Enum):
     READS = "reads"
 
     @staticmethod
-    def of(added: Sequence[str]) -> Waits:
-        if any(a.startswith("reads") for a in added):
+    def of(added: Sequence[AddedWait]) -> Waits:
+        if any(a.reader is not None for a in added):
             return Waits.READS
         return Waits.OUTPUT if added else Waits.NONE
 
@@ -137,7 +148,7 @@ def with_waits(
         mode = WaitBeforeRead()
         with mode:
             out = implementation(*args, **kwargs)
-            out = tree_map_only(torch.Tensor, lambda t: mode.wait(t, AT_OUTPUT), out)
+            out = tree_map_only(torch.Tensor, mode.wait, out)
         _found[implementation] = Waits.of(mode.added)
         if mode.added:
             _say_waited(
@@ -196,14 +207,14 @@ def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return waited_call(implementation, found)
 
 
-def _say_waited(op: str, implementation: str, added: Sequence[str]) -> None:
+def _say_waited(op: str, implementation: str, added: Sequence[AddedWait]) -> None:
     torch._logging.warning_once(
         log,
         "collective autotuning: %s's implementation %s %s; Inductor waits for the "
         "collective there, so that every rank gets the same result",
         op,
         implementation,
-        "; ".join(dict.fromkeys(added)),
+        "; ".join(dict.fromkeys(a.describe() for a in added)),
     )
 
 
@@ -243,7 +254,7 @@ def trace_own_implementation(
     def traced(*tensors: torch.Tensor) -> Any:
         with mode:
             out = body(*tensors, **kwargs)
-            return tree_map_only(torch.Tensor, lambda t: mode.wait(t, AT_OUTPUT), out)
+            return tree_map_only(torch.Tensor, mode.wait, out)
 
     try:
         with V.fake_mode:
@@ -259,7 +270,7 @@ def trace_own_implementation(
         _own[body] = OwnImplementation()
         return _own[body]
     if Waits.of(mode.added) is Waits.READS:
-        inside = [a for a in mode.added if a.startswith("reads")]
+        inside = [a.describe() for a in mode.added if a.reader is not None]
         raise CollectiveAutotuneError(
             f"{op_name(op)}: its own implementation "
             f"{'; '.join(dict.fromkeys(inside))}, so its result would differ between "
