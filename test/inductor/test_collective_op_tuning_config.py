@@ -143,6 +143,9 @@ class TestConfiguration(TestCase):
             ("collective_benchmark_warmup", (5, 6)),
             ("collective_benchmark_sample_us", (1000.0, 5000.0)),
             ("collective_benchmark_nruns", (3, 20)),
+            # Group-wide too: ranks that differ would compile different graphs.
+            ("collective_autotune_range_graphs", (True, False)),
+            ("collective_autotune_compile_range", (None, (1, 64))),
         ],
     )
     def test_settings_that_differ_between_ranks_fail_every_rank_naming_the_variable(
@@ -152,9 +155,13 @@ class TestConfiguration(TestCase):
         for result in results:
             self.assertIsNotNone(result["error"], msg=result)
             self.assertIn("CollectiveAutotuneError", result["error"], msg=result)
-            self.assertIn(
-                f"TORCHINDUCTOR_{knob.upper()}", result["error"], msg=result["error"]
+            # An engine sets collective_autotune_compile_range per compile: no variable.
+            named = (
+                f"torch._inductor.config.{knob} (set in the config of a compile)"
+                if knob == "collective_autotune_compile_range"
+                else f"TORCHINDUCTOR_{knob.upper()} (torch._inductor.config.{knob})"
             )
+            self.assertIn(named, result["error"], msg=result["error"])
             self.assertIn(
                 f"{values[0]!r} on group ranks [0]",
                 result["error"],

@@ -137,7 +137,9 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
         )
 
     def test_settings_are_validated_in_one_place(self):
-        good = BenchmarkSettings(20, 5, 30.0, 1000.0, 500.0, "auto", True, 16384, 4)
+        good = BenchmarkSettings(
+            20, 5, 30.0, 1000.0, 500.0, "auto", True, 16384, 4, True, None
+        )
         good.validate()
         with self.assertRaisesRegex(
             ValueError, "collective_benchmark_nruns=0: an int >= 1"
@@ -151,6 +153,11 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
             ValueError, "collective_benchmark_timeout=-1: seconds, > 0"
         ):
             dataclasses.replace(good, timeout=-1).validate()
+        dataclasses.replace(good, compile_range=(1, 64)).validate()
+        with self.assertRaisesRegex(
+            ValueError, r"collective_autotune_compile_range=\(64, 1\): None or"
+        ):
+            dataclasses.replace(good, compile_range=(64, 1)).validate()
         self.assertEqual(
             set(good.knobs()),
             {
@@ -163,6 +170,8 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
                 "collective_autotune_dynamic",
                 "collective_autotune_dynamic_max",
                 "collective_autotune_dynamic_ratio",
+                "collective_autotune_range_graphs",
+                "collective_autotune_compile_range",
             },
         )
 

@@ -93,7 +93,22 @@ _KNOBS = {
     "dynamic": "collective_autotune_dynamic",
     "dynamic_max": "collective_autotune_dynamic_max",
     "dynamic_ratio": "collective_autotune_dynamic_ratio",
+    # Where guards are checked, whether a graph is compiled per size range: ranks that
+    # differ compile different graphs, and each extra one waits out a session alone.
+    "range_graphs": "collective_autotune_range_graphs",
+    # The sizes of the graph being compiled: ranks that differ inline different
+    # ranges' winners in one graph.
+    "compile_range": "collective_autotune_compile_range",
 }
+# The knobs an engine sets in the config it compiles with, which no variable sets.
+_WITHOUT_VARIABLE = frozenset({"collective_autotune_compile_range"})
+
+
+def describe_knob(knob: str) -> str:
+    """How a user sets ``knob``, for messages: its variable and config name."""
+    if knob in _WITHOUT_VARIABLE:
+        return f"torch._inductor.config.{knob} (set in the config of a compile)"
+    return f"TORCHINDUCTOR_{knob.upper()} (torch._inductor.config.{knob})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,15 +125,18 @@ class BenchmarkSettings:
     dynamic: bool
     dynamic_max: int
     dynamic_ratio: int
+    range_graphs: bool
+    compile_range: tuple[int, int] | None
 
     @staticmethod
     def from_config() -> BenchmarkSettings:
         """Raises ValueError naming every knob out of range."""
         from torch._inductor import config
 
-        settings = BenchmarkSettings(
-            **{field: getattr(config, knob) for field, knob in _KNOBS.items()}
-        )
+        values = {field: getattr(config, knob) for field, knob in _KNOBS.items()}
+        if isinstance(values["compile_range"], list):
+            values["compile_range"] = tuple(values["compile_range"])
+        settings = BenchmarkSettings(**values)
         settings.validate()
         return settings
 
@@ -150,6 +168,17 @@ class BenchmarkSettings:
         ):
             if not (_is_number(value) and value > 0):
                 problems.append(f"{knob}={value!r}: {unit}, > 0")
+        span = self.compile_range
+        if span is not None and not (
+            isinstance(span, tuple)
+            and len(span) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+            and span[0] <= span[1]
+        ):
+            problems.append(
+                f"collective_autotune_compile_range={span!r}: None or (first, last), "
+                "ints, first <= last"
+            )
         if self.mode not in BENCHMARK_MODES:
             problems.append(
                 f"collective_benchmark_mode={self.mode!r}: one of {BENCHMARK_MODES}"

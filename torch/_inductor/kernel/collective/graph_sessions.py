@@ -37,6 +37,7 @@ from torch._inductor.kernel.collective.records import (
     SizePathRecord,
     Source,
 )
+from torch._inductor.runtime.collective_benchmarking import describe_knob
 from torch._inductor.runtime.collective_decisions import (
     current_environment,
     Environment,
@@ -293,8 +294,7 @@ def _differing_settings(per_rank: list[dict[str, Any]]) -> str:
             for r, v in enumerate(values):
                 by_value.setdefault(repr(v), []).append(r)
             clauses.append(
-                f"TORCHINDUCTOR_{knob.upper()} (torch._inductor.config.{knob}) "
-                "differs: "
+                f"{describe_knob(knob)} differs: "
                 + ", ".join(
                     f"{v} on group ranks {ranks}" for v, ranks in by_value.items()
                 )
