@@ -836,6 +836,36 @@ def break_group_timeout() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_in_place_collectives_remap() -> None:
+    """torch.distributed.all_reduce defers to a torch function mode, and torch maps it
+    (traceable_collective_remaps, REDUCE_OP_TO_STR) to a functional collective: a
+    choice written in place traces to one (collective/in_place.py)."""
+    import torch.distributed as dist
+    from torch._inductor.kernel.collective.in_place import AsFunctional
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def in_place(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        dist.all_reduce(y, op=dist.ReduceOp.SUM)
+        return y
+
+    def traced(x: torch.Tensor) -> torch.Tensor:
+        with AsFunctional():
+            return in_place(x)
+
+    with one_rank_group():
+        gm = make_fx(traced)(torch.ones(4))
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    if torch.ops._c10d_functional.all_reduce.default not in targets:
+        raise ContractBroken(f"dist.all_reduce traced to {targets}")
+
+
+def break_in_place_remaps() -> contextlib.AbstractContextManager[Any]:
+    from torch.distributed import _functional_collectives as funcol
+
+    return mock.patch.dict(funcol.traceable_collective_remaps, clear=True)
+
+
 def check_process_groups_by_type() -> None:
     """c10d's own ops take a ProcessGroup by a script class type, the type of a boxed
     group: an op that takes one communicates (detection.takes_group_by_type)."""
@@ -2310,6 +2340,12 @@ CONTRACTS: list[Contract] = [
         "collective_benchmarking",
         check_group_timeout_is_reachable,
         break_group_timeout,
+    ),
+    Contract(
+        "in-place torch.distributed collectives remap to functional ones",
+        "collective/in_place.py",
+        check_in_place_collectives_remap,
+        break_in_place_remaps,
     ),
     Contract(
         "c10d's ops take a ProcessGroup by its script type",

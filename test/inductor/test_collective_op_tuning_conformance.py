@@ -117,6 +117,40 @@ def equivalent_strategies_body(r: Rank, tag: str) -> dict:
     return _outcome(r, EquivAllReduceModel(), torch.randn(128, 128, device=r.device))
 
 
+def in_place_body(r: Rank, tag: str) -> dict:
+    """The c10d docs' way to write a collective, in place on a copy: a choice like any
+    other, timed and, where the given costs make it fastest, inlined."""
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
+
+    group = _named_group(r, tag)
+    in_place_op = _unwaited_sum_op(f"in_place_{tag}", group)
+
+    def dist_all_reduce(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        dist.all_reduce(
+            y, group=torch._C._distributed_c10d._resolve_process_group(group)
+        )
+        return y
+
+    def functional(x: torch.Tensor) -> torch.Tensor:
+        return _c10d.wait_tensor(_c10d.all_reduce(x, "sum", group))
+
+    register_custom_op_autotuning(
+        in_place_op,
+        configs=[CustomOpConfig(dist_all_reduce), CustomOpConfig(functional)],
+    )
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            return in_place_op(x)
+
+    torch.manual_seed(11 + r.rank)
+    return _outcome(r, Model(), torch.randn(32, 32, device=r.device))
+
+
 def vllm_style_body(r: Rank, tag: str) -> dict:
     """Upstream's ``test_vllm_style_allreduce``: flatten, copy into a buffer, all-reduce
     it in place and reshape (vLLM's registered=False path), against a direct in-place
@@ -324,6 +358,31 @@ class TestUpstreamPatterns(TestCase):
         # The choice given the lowest cost wins, waited for where its author left the
         # wait out.
         self.assertEqual(winner, "avg_allreduce_scaled")
+
+    @parametrize("device", DEVICE_CASES)
+    def test_an_in_place_dist_all_reduce_is_timed_and_wins_where_fastest(
+        self, device: str
+    ) -> None:
+        tag = _tag("in_place", device, 2)
+        outcome = _same_everywhere(
+            self,
+            assert_all_ok(
+                run_ranks(
+                    2,
+                    in_place_body,
+                    tag,
+                    device=device,
+                    timing=Costs({"dist_all_reduce": 5.0}),
+                )
+            ),
+        )
+        ((_, decision, winner, _),) = outcome["records"]
+        self.assertEqual(decision, "benchmark")
+        self.assertEqual(
+            outcome["timed"][0],
+            [("default", "ok"), ("dist_all_reduce", "ok"), ("functional", "ok")],
+        )
+        self.assertEqual(winner, "dist_all_reduce")
 
     @parametrize("world_size", [2, 4])
     @parametrize("device", DEVICE_CASES)

@@ -23,6 +23,7 @@ from torch._inductor.kernel.collective.detection import (
     op_name,
     uses_symmetric_memory,
 )
+from torch._inductor.kernel.collective.in_place import untraceable_collective
 from torch._inductor.kernel.collective.records import cleared_with_inductor_caches
 from torch._inductor.kernel.collective.waits import (
     is_functional_collective,
@@ -476,8 +477,11 @@ def copied_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def trace_failure(choice: ChoiceCaller) -> str:
     """Why ``choice`` cannot be used, as tracing shows alike on every rank, or ""."""
     state = _trace_state(getattr(choice, "decomposition", None))
-    return (state.failure if state else "") or unwaited_collective(
-        getattr(choice, "gm", None)
+    gm = getattr(choice, "gm", None)
+    return (
+        (state.failure if state else "")
+        or untraceable_collective(gm)
+        or unwaited_collective(gm)
     )
 
 

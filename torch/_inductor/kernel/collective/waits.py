@@ -22,6 +22,7 @@ from torch._inductor.kernel.collective.detection import (
     NamedGroup,
     op_name,
 )
+from torch._inductor.kernel.collective.in_place import AsFunctional
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
@@ -146,7 +147,7 @@ def with_waits(
         if torch.compiler.is_dynamo_compiling():
             return implementation(*args, **kwargs)
         mode = WaitBeforeRead()
-        with mode:
+        with mode, AsFunctional():
             out = implementation(*args, **kwargs)
             out = tree_map_only(torch.Tensor, mode.wait, out)
         _found[implementation] = Waits.of(mode.added)
@@ -252,7 +253,7 @@ def trace_own_implementation(
     mode = WaitBeforeRead()
 
     def traced(*tensors: torch.Tensor) -> Any:
-        with mode:
+        with mode, AsFunctional():
             out = body(*tensors, **kwargs)
             return tree_map_only(torch.Tensor, mode.wait, out)
 
