@@ -805,30 +805,31 @@ def break_frame_hooks() -> contextlib.AbstractContextManager[Any]:
     )
 
 
-def check_group_timeout_is_reachable() -> None:
-    """A process group's backend keeps its timeout in ``options._timeout``, which
-    dist.set_timeout (torch 2.14) or c10d._set_pg_timeout changes: the benchmark bounds
-    the group's collectives by the knob with them."""
-    from torch._inductor.runtime.collective_benchmarking import (
-        _group_timeout,
-        _set_group_timeout,
-    )
+def check_timing_groups_run_collectives_by_name() -> None:
+    """A group built from a gloo backend over the Store (c10d's ProcessGroup,
+    _register_backend, _set_default_backend, _set_group_name) and registered by name
+    (_register_process_group, _unregister_process_group) runs the functional
+    collectives that name it, and all-reduces on itself: the benchmark times on it."""
+    from torch._inductor.runtime import collective_timing_group as timing
 
+    fc = torch.ops._c10d_functional
     with one_rank_group() as group:
-        saved = _group_timeout(group)
-        if saved != timedelta(seconds=60):
-            raise ContractBroken(
-                f"the group's timeout reads {saved}, not the 60 s it was made with"
-            )
-        _set_group_timeout(timedelta(seconds=7), group)
+        made = timing.timing_group(group, 5.0)
         try:
-            if _group_timeout(group) != timedelta(seconds=7):
-                raise ContractBroken("setting the group's timeout did not change it")
+            if made is group:
+                raise ContractBroken("no timing group could be made of a gloo group")
+            name = timing.timing_name(group.group_name)
+            resolved = torch._C._distributed_c10d._resolve_process_group(name)
+            if resolved.group_name != made.group_name:
+                raise ContractBroken(f"{name} resolves to {resolved.group_name}")
+            x = torch.arange(4.0)
+            if not torch.equal(fc.wait_tensor(fc.all_reduce(x, "sum", name)), x):
+                raise ContractBroken("a functional all-reduce by its name went wrong")
         finally:
-            _set_group_timeout(saved, group)
+            timing.discard(group, 5.0)
 
 
-def break_group_timeout() -> contextlib.AbstractContextManager[Any]:
+def break_timing_groups() -> contextlib.AbstractContextManager[Any]:
     import torch.distributed as dist
 
     return mock.patch.object(
@@ -2336,10 +2337,10 @@ CONTRACTS: list[Contract] = [
         break_compile_callbacks,
     ),
     Contract(
-        "a process group's timeout can be read and set",
-        "collective_benchmarking",
-        check_group_timeout_is_reachable,
-        break_group_timeout,
+        "a timing group of the group's backends runs collectives by its name",
+        "collective_timing_group",
+        check_timing_groups_run_collectives_by_name,
+        break_timing_groups,
     ),
     Contract(
         "in-place torch.distributed collectives remap to functional ones",

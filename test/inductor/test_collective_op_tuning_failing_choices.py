@@ -147,6 +147,24 @@ def slow_on_one_rank_body(r: Rank) -> dict:
     return {"error": None, "s": time.monotonic() - begin}
 
 
+def stuck_then_eager_body(r: Rank) -> dict:
+    """A choice stuck on rank 1 past the timeout stops tuning on every rank; Dynamo
+    falls back to eager (suppress_errors), whose all-reduce runs on the user's group:
+    the benchmark timed on a group of its own, so that group is left working."""
+    ops.register_all_reduce(
+        ops.all_reduce_then("stuck", "0,8000"), ops.all_reduce_then("one_all_reduce")
+    )
+    x = torch.full((8, 8), float(r.rank + 1), device=r.device)
+    with (
+        patched_timeout(2.0),
+        torch._dynamo.config.patch(suppress_errors=True),
+    ):
+        out = torch.compile(lambda t: ops.all_reduce(t, r.group.group_name))(x)
+    after = torch.full((2,), float(r.rank + 1), device=r.device)
+    torch.distributed.all_reduce(after, group=r.group)
+    return {"out": out.cpu().tolist(), "after": after.cpu().tolist()}
+
+
 class TestFailingChoices(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(
@@ -302,6 +320,12 @@ class TestFailingChoices(CollectiveTestCase):
         self.assertIn("collective_benchmark_timeout=2 s", status["stuck"])
         # One call of it, not one per sample.
         self.assertLess(max(r.wall_s for r in results), 6.0 + COMPILE_MARGIN_S)
+
+    def test_after_a_choice_stuck_on_one_rank_the_users_group_still_works(self):
+        total = float(sum(range(1, 3)))
+        for result in assert_all_ok(run_ranks(2, stuck_then_eager_body)):
+            self.assertEqual(result["out"], [[total] * 8] * 8)
+            self.assertEqual(result["after"], [total] * 2)
 
     def test_a_choice_stuck_on_one_rank_stops_every_rank_clearly(self):
         fast, stuck = assert_all_ok(

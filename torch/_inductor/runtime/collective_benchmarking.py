@@ -23,7 +23,6 @@ import logging
 import math
 import statistics
 import time
-from datetime import timedelta
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple, TYPE_CHECKING
 
@@ -32,6 +31,7 @@ import torch
 from torch.distributed._store_session import Deadline, describe, look_interval
 
 from .collective_protocol import CollectiveAutotuneError, StoreLostError
+from .collective_timing_group import discard, timing_group
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -329,6 +329,8 @@ class CollectiveBenchmarker:
             else _MIN_ROUNDS
         )
         self._flag = torch.zeros(1, device=self._comm_device())
+        # The group the benchmark's collectives run on (collective_timing_group).
+        self._group = process_group
         # What went wrong in the group so far, for the message of a later failure.
         self._incidents: list[str] = []
         # Seconds the last benchmark spent in each of its steps.
@@ -398,19 +400,19 @@ class CollectiveBenchmarker:
 
     @contextlib.contextmanager
     def _running(self, doing: str) -> Any:
-        """Device work: on the op's device, collectives bounded by the timeout, without
-        heartbeats (every rank bounds its own); an error aborts the session."""
+        """Device work: on the op's device, collectives on the timing group (bounded by
+        the timeout), without heartbeats (every rank bounds its own); an error aborts
+        the session and discards the timing group."""
         try:
             liveness = self.session.participant.liveness
-            with (
-                liveness.working(doing, beat=False),
-                self._on_device(),
-                _bounded_group_timeout(self.process_group, self.settings.timeout),
-            ):
+            with liveness.working(doing, beat=False), self._on_device():
+                self._group = timing_group(self.process_group, self.settings.timeout)
                 yield
         except StoreLostError:
+            discard(self.process_group, self.settings.timeout)
             raise  # nobody can be told
         except Exception as e:
+            discard(self.process_group, self.settings.timeout)
             # Peers may be waiting on this rank in a collective or a vote.
             error = (
                 e
@@ -490,18 +492,12 @@ class CollectiveBenchmarker:
     ) -> list[list[float]]:
         """Every rank's screen rows by one all-reduce: row ``i * world + r`` is group
         rank ``r``'s on candidate ``i``."""
-        import torch.distributed as dist
 
         n = len(mine)
         table = torch.zeros(n, world, 3, dtype=torch.float64)
         table[:, rank] = torch.tensor(mine, dtype=torch.float64)
         flat = table.flatten().to(self._comm_device())
-        self._collective(
-            "sharing the screen's verdicts",
-            dist.all_reduce,
-            flat,
-            group=self.process_group,
-        )
+        self._all_reduce("sharing the screen's verdicts", flat)
         return flat.view(n * world, 3).tolist()
 
     def _over_budget(
@@ -872,28 +868,28 @@ class CollectiveBenchmarker:
 
     # -- primitives -------------------------------------------------------------
 
-    def _collective(
-        self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Any:
-        """One of the benchmark's own collectives; a failure leaves the group's
-        collectives untrustworthy and raises CollectiveAutotuneError."""
+    def _all_reduce(self, doing: str, tensor: torch.Tensor, op: Any = None) -> None:
+        """One of the benchmark's own all-reduces (SUM unless ``op``), on the timing
+        group and waited for within the timeout. Called on the group itself: torch's
+        functions look a group up in c10d's world map, where a timing group is not. A
+        failure leaves the group's collectives untrustworthy: CollectiveAutotuneError."""
+        import torch.distributed as dist
+
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.SUM if op is None else op
         try:
-            return fn(*args, **kwargs)
-        except CollectiveAutotuneError:
-            raise
+            self._group.allreduce([tensor], options).wait()
         except Exception as e:
             raise CollectiveAutotuneError(
                 f"{doing}: the group's collectives failed on this rank "
                 f"({describe(e)})"
                 + "".join(f"; {incident}" for incident in self._incidents)
             ) from e
+        self._device_sync(doing)
 
     def _barrier(self, doing: str) -> None:
         """All ranks of the group have arrived and the device is idle."""
-        import torch.distributed as dist
-
-        self._collective(doing, dist.all_reduce, self._flag, group=self.process_group)
-        self._device_sync(doing)
+        self._all_reduce(doing, self._flag)
 
     def _after_long_call(self, began: float) -> None:
         """After a call longer than a look interval, stop if the group aborted."""
@@ -928,13 +924,7 @@ class CollectiveBenchmarker:
         import torch.distributed as dist
 
         tensor = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
-        self._collective(
-            "reducing timings",
-            dist.all_reduce,
-            tensor,
-            op=dist.ReduceOp.MAX,
-            group=self.process_group,
-        )
+        self._all_reduce("reducing timings", tensor, dist.ReduceOp.MAX)
         return tensor.tolist()
 
     def _comm_device(self) -> torch.device:
@@ -1194,40 +1184,3 @@ def _model_runs_under_cuda_graphs() -> bool:
     from torch._inductor import config
 
     return bool(config.triton.cudagraphs)
-
-
-class _bounded_group_timeout:
-    """Within the block, a collective of ``group`` that waits longer than
-    ``seconds`` fails instead of hanging (gloo raises; NCCL's watchdog aborts)."""
-
-    def __init__(self, group: ProcessGroup, seconds: float) -> None:
-        self.group = group
-        self.timeout = timedelta(seconds=seconds)
-        self.saved: timedelta | None = None
-
-    def __enter__(self) -> None:
-        self.saved = _group_timeout(self.group)
-        if self.saved is not None:
-            _set_group_timeout(self.timeout, self.group)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.saved is not None:
-            _set_group_timeout(self.saved, self.group)
-
-
-def _set_group_timeout(timeout: timedelta, group: ProcessGroup) -> None:
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    # torch >= 2.14 has the public setter and deprecates the private one.
-    setter = getattr(dist, "set_timeout", None) or c10d._set_pg_timeout
-    setter(timeout, group)
-
-
-def _group_timeout(group: ProcessGroup) -> timedelta | None:
-    for device in group._device_types:
-        options = getattr(group._get_backend(device), "options", None)
-        timeout = getattr(options, "_timeout", None)
-        if timeout is not None:
-            return timeout
-    return None

@@ -15,6 +15,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._inductor.kernel.collective.detection import (
+    is_collective_op,
+    named_groups,
+    node_arguments,
+    uses_symmetric_memory,
+)
 from torch._inductor.kernel.collective.waits import is_functional_collective, is_wait
 
 
@@ -130,7 +136,54 @@ def eager_module(choice: Any, neighbours: Neighbours) -> EagerModule:
     gm = choice.gm
     if neighbours.input_reduced_in_place and _all_reduce_of_first_input(gm) is not None:
         gm = _reduced_in_place(gm)
-    return EagerModule(neighbours.around(gm), len(choice.sym_input_values))
+    return EagerModule(neighbours.around(for_timing(gm)), len(choice.sym_input_values))
+
+
+def for_timing(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` as the benchmark runs it: its collectives on the timing group of the
+    groups they name (collective_timing_group), so that a choice that hangs leaves the
+    user's communicators alone. Opaque calls (custom ops) and symmetric-memory ops
+    keep their groups: their bodies, or their memory, belong to those groups."""
+    if not any(_timing_names(node, gm) for node in gm.graph.nodes):
+        return gm
+    rewritten = _copied(gm)
+    for node in rewritten.graph.nodes:
+        names = (
+            [a.name for a in node.target._schema.arguments]
+            if node.op == "call_function"
+            else []
+        )
+        for argument, name in _timing_names(node, rewritten).items():
+            index = names.index(argument)
+            if index < len(node.args):
+                node.update_arg(index, name)
+            else:
+                node.update_kwarg(argument, name)
+    rewritten.recompile()
+    return rewritten
+
+
+def _timing_names(node: torch.fx.Node, gm: torch.fx.GraphModule) -> dict[str, str]:
+    """By argument: the name a collective call ``node`` passes for its group while
+    timed, where it names a group by a string."""
+    from torch._inductor.runtime.collective_timing_group import timing_name
+
+    if not _times_on_its_group(node.target):
+        return {}
+    return {
+        named.argument: timing_name(named.value)
+        for named in named_groups(node.target, node_arguments(node, gm))
+        if isinstance(named.value, str) and named.group is not None
+    }
+
+
+def _times_on_its_group(op: Any) -> bool:
+    """Whether a call of ``op`` runs on the timing group while timed."""
+    return (
+        isinstance(op, torch._ops.OpOverload)
+        and is_collective_op(op)
+        and not uses_symmetric_memory(op)
+    )
 
 
 def to_inline(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> torch.fx.GraphModule:
@@ -207,14 +260,19 @@ def _all_reduce_of_first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None
     return None
 
 
-def _reduced_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with its first input's all-reduce made ``all_reduce_``, copied node by
-    node (a deep copy would copy the fake tensors a choice may hold as constants)."""
+def _copied(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with its graph copied node by node (a deep copy would copy the fake
+    tensors a choice may hold as constants); node names are kept."""
     graph = torch.fx.Graph()
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:
         copies[node] = graph.node_copy(node, copies.__getitem__)
-    rewritten = torch.fx.GraphModule(gm, graph)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _reduced_in_place(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with its first input's all-reduce made ``all_reduce_``."""
+    rewritten = _copied(gm)
     node = _all_reduce_of_first_input(rewritten)
     assert node is not None
     node.target = torch.ops._c10d_functional.all_reduce_.default
@@ -257,7 +315,12 @@ def module_for_benchmark(
 ) -> Any:
     """``choice`` compiled at its inputs' sizes, with ``neighbours`` fused in."""
     if neighbours == Neighbours():
-        return choice._compile_for_benchmarking(**stage.flags())
+        timed = for_timing(choice.gm)
+        if timed is choice.gm:
+            return choice._compile_for_benchmarking(**stage.flags())
+        twin = copy.copy(choice)
+        twin.gm, twin._compiled_module = timed, None
+        return twin._compile_for_benchmarking(**stage.flags())
     return compiled_module(
         choice, neighbours.around(implementation_of(choice)), False, stage
     )
@@ -278,7 +341,7 @@ def compiled_module(
     )
     gm_original_output_strides(gm)
     twin = copy.copy(choice)
-    twin.gm, twin.example_inputs, twin._compiled_module = gm, inputs, None
+    twin.gm, twin.example_inputs, twin._compiled_module = for_timing(gm), inputs, None
     # As torch 2.13 compiles choices: the lowering's size guards are the model's too.
     return twin._compile_for_benchmarking(**stage.flags())
 
