@@ -237,14 +237,18 @@ def costs_alike_uncompiled(gm: torch.fx.GraphModule, neighbours: Neighbours) -> 
 
 
 def _is_functional_all_reduce(op: Any) -> bool:
-    return is_functional_collective(op) and op._schema.name.endswith("::all_reduce")
+    return op is torch.ops._c10d_functional.all_reduce.default
 
 
 def _copies_its_inputs(op: Any) -> bool:
-    return op._schema.name.split("::")[1] in _COPYING_COLLECTIVES
-
-
-_COPYING_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast")
+    """Whether the functional collective ``op`` copies its input before it
+    communicates (its in-place twin does not)."""
+    fc = torch.ops._c10d_functional
+    return op in (
+        fc.all_reduce.default,
+        fc.all_reduce_coalesced.default,
+        fc.broadcast.default,
+    )
 
 
 def _first_input(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
