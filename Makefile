@@ -105,17 +105,19 @@ test-2.13-then-2.11:
 	$(MAKE) test-2.11
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the
-# units, the size dispatch, upstream's test patterns, ops that do not communicate, the
-# knob switched off (torch 2.11 lowers such an op itself).
+# units, the size dispatch, upstream's test patterns, ops that do not communicate (by
+# name, or by an argument that names no group), the knob switched off (torch 2.11 lowers
+# such an op itself), and the user's group after a hung choice (c10d's group API).
 MINOR_TESTS := test/tools/test_overlay.py test/distributed/test_store_session.py \
 	$(wildcard test/inductor/test_collective_op_tuning_units_*.py) \
 	test/inductor/test_collective_op_tuning_contracts.py \
 	test/inductor/test_collective_op_tuning_graphs.py \
 	test/inductor/test_collective_op_tuning_conformance.py \
 	test/inductor/test_collective_op_tuning_noncollective.py \
-	test/inductor/test_collective_op_tuning.py
+	test/inductor/test_collective_op_tuning.py \
+	test/inductor/test_collective_op_tuning_failing_choices.py
 # Four ranks run on 2.14 only.
-MINOR_SELECT := (overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off or one_winner) and not world_size_4
+MINOR_SELECT := (overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or non_collective_op or naming_no_group or users_group_still_works or switched_off or one_winner) and not world_size_4
 
 MINOR_RANK_TESTS = $(filter $(RANK_TESTS),$(MINOR_TESTS))
 
