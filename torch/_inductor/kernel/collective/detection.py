@@ -297,14 +297,13 @@ def synchronised_group(
         raise ValueError(
             f"{op_name(op)} communicates, but "
             + "; ".join(
-                f"{'its argument' if n in named else 'a collective of its choices passes'}"
-                f" {n.describe()}"
+                f"{'its argument' if n in named else 'a collective passes'} "
+                f"{n.describe()}"
                 for n in unknown
             )
-            + " names no process group this rank knows: pass the group's name "
-            "(ProcessGroup.group_name) of a group created with "
-            "torch.distributed.new_group, or give a string that is no group another "
-            f"argument name than {', '.join(GROUP_ARGUMENTS)}"
+            + " names no process group this rank knows: pass the name of a group "
+            "made with torch.distributed.new_group (ProcessGroup.group_name); a string "
+            f"that is no group must not be named {' or '.join(GROUP_ARGUMENTS)}"
         )
     groups = [n.group for n in named] or [c.group for c in communicated]
     if not groups:
