@@ -148,12 +148,8 @@ def for_timing(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return gm
     rewritten = _copied(gm)
     for node in rewritten.graph.nodes:
-        names = (
-            [a.name for a in node.target._schema.arguments]
-            if node.op == "call_function"
-            else []
-        )
         for argument, name in _timing_names(node, rewritten).items():
+            names = [a.name for a in node.target._schema.arguments]  # type: ignore[union-attr]
             index = names.index(argument)
             if index < len(node.args):
                 node.update_arg(index, name)
