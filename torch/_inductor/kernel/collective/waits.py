@@ -228,8 +228,9 @@ class OwnImplementation:
     groups: tuple[NamedGroup, ...] = ()
 
 
-# Per op body, weakly: an op defined anew is traced anew.
-_own: weakref.WeakKeyDictionary[Callable[..., Any], OwnImplementation] = (
+# Per op body, weakly (an op defined anew is traced anew), then per call's arguments:
+# the groups a body communicates over are those its call names.
+_own: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, OwnImplementation]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -248,8 +249,10 @@ def trace_own_implementation(
     from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    if body in _own:
-        return _own[body]
+    traces = _own.setdefault(body, {})
+    call = repr(sorted(kwargs.items()))
+    if call in traces:
+        return traces[call]
     mode = WaitBeforeRead()
 
     def traced(*tensors: torch.Tensor) -> Any:
@@ -268,8 +271,8 @@ def trace_own_implementation(
             op_name(op),
             exc_info=True,
         )
-        _own[body] = OwnImplementation()
-        return _own[body]
+        traces[call] = OwnImplementation()
+        return traces[call]
     if Waits.of(mode.added) is Waits.READS:
         inside = [a.describe() for a in mode.added if a.reader is not None]
         raise CollectiveAutotuneError(
@@ -282,16 +285,17 @@ def trace_own_implementation(
         )
     if mode.added:
         _say_waited(op_name(op), "(its own)", mode.added)
-    _own[body] = OwnImplementation(
+    traces[call] = OwnImplementation(
         Waits.of(mode.added), tuple(dict.fromkeys(mode.groups))
     )
-    return _own[body]
+    return traces[call]
 
 
 def recorded_own_waits(body: Any) -> Waits:
-    """What :func:`trace_own_implementation` found ``body`` needs (NONE if untraced)."""
-    own = _own.get(body) if body is not None else None
-    return own.waits if own is not None else Waits.NONE
+    """What :func:`trace_own_implementation` found ``body`` needs at its latest call
+    (NONE if untraced): its code decides, not the call's arguments."""
+    traces = _own.get(body) if body is not None else None
+    return list(traces.values())[-1].waits if traces else Waits.NONE
 
 
 def wait_for_output(node: Any) -> Any:
