@@ -42,18 +42,15 @@ _NCCL_TIMEOUTS = 2
 # were discarded (a name a new job in this process gives another group is made anew).
 _timing_groups: dict[tuple[str, float], tuple[ProcessGroup, ProcessGroup]] = {}
 _discarded: dict[tuple[str, float], int] = {}
-# By name: what each name of ours resolves to now.
-_names: dict[str, ProcessGroup] = {}
 
 
 def timing_name(group_name: str) -> str:
     """The name a choice compiled for the benchmark passes for ``group_name``; the
     name itself where this rank knows no such group."""
     name = group_name + _SUFFIX
-    if name not in _names:
-        try:
-            group = torch._C._distributed_c10d._resolve_process_group(group_name)
-        except RuntimeError:  # c10d knows no such group
+    if _registered(name) is None:
+        group = _registered(group_name)
+        if group is None:
             return group_name
         _point(name, group)
     return name
@@ -111,9 +108,12 @@ def _made(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup 
         device_store = dist.PrefixStore(f"{device.type}/", store)
         if isinstance(backend, dist.ProcessGroupGloo):
             kind = backend_type.GLOO
-            made = dist.ProcessGroupGloo(
-                device_store, rank, size, timedelta(seconds=timeout)
-            )
+            # On the group's own devices: their listeners are up and connected.
+            options = dist.ProcessGroupGloo._Options()
+            options._devices = backend.options._devices
+            options._threads = backend.options._threads
+            options._timeout = timedelta(seconds=timeout)
+            made = dist.ProcessGroupGloo(device_store, rank, size, options)
         elif dist.is_nccl_available() and isinstance(backend, dist.ProcessGroupNCCL):
             kind = backend_type.NCCL
             options = dist.ProcessGroupNCCL.Options()
@@ -144,6 +144,15 @@ def _made(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup 
     return timing
 
 
+def _registered(name: str) -> ProcessGroup | None:
+    """The group c10d's registry holds under ``name`` (emptied with the job's
+    groups by destroy_process_group), or None."""
+    try:
+        return torch._C._distributed_c10d._resolve_process_group(name)
+    except RuntimeError:  # c10d knows no such name
+        return None
+
+
 def _point(name: str, group: ProcessGroup) -> None:
     """Make ``name`` resolve to ``group`` in c10d's registry of group names."""
     from torch._C._distributed_c10d import (
@@ -151,9 +160,6 @@ def _point(name: str, group: ProcessGroup) -> None:
         _unregister_process_group,
     )
 
-    if _names.get(name) is group:
-        return
-    if name in _names:
+    if _registered(name) is not None:
         _unregister_process_group(name)
     _register_process_group(name, group)
-    _names[name] = group
