@@ -112,7 +112,7 @@ class TestConfiguration(TestCase):
                 "",
                 "collective_benchmark_mode='fast'",
             ),
-            ({}, "no_such_group", "names process group 'no_such_group'"),
+            ({}, "no_such_group", "group_name='no_such_group' names no process group"),
         ],
     )
     def test_bad_configuration_fails_at_once(self, patch, group, message):
