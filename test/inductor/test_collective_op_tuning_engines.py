@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -47,12 +46,12 @@ from collective_harness import (
 )
 
 
-# The ladder's sizes: ranges (0, 1], (1, 4], (4, 16], (16, 64], (64, 256] and
-# (256, inf), the last one timed at LADDER_MAX.
+# The ladder's sizes: 1, 4, 16, 64, 256 and LADDER_MAX, which stands for every size
+# above 256; the walk times sizes between two of them where their winners differ.
 LADDER_MAX = 1024
-TOPS = (1, 4, 16, 64, 256, math.inf)
 LARGEST = 1000  # the engine's largest batch, its first call
-SIZES = (2, 8, 16, 17, 64, 65, 200, 256, 257, LARGEST)
+# On the ladder, and strictly between its sizes next to each case's crossovers.
+SIZES = (2, 8, 16, 17, 31, 32, 40, 64, 65, 200, 256, 257, LARGEST)
 HIDDEN = 16
 
 
@@ -64,12 +63,8 @@ class Case:
     cost: Callable[[str, int], float]
 
     def winner_at(self, rows: int) -> str:
+        """The best choice at ``rows``: what every size must run."""
         return min((*self.implementations, "default"), key=lambda c: self.cost(c, rows))
-
-    def expected(self, n: int) -> str:
-        """The winner of the ladder range holding ``n``, timed at its top."""
-        top = next(t for t in TOPS if n <= t)
-        return self.winner_at(LADDER_MAX if top == math.inf else int(top))
 
 
 def _crossover(choice: str, rows: int) -> float:
@@ -80,8 +75,9 @@ def _crossover(choice: str, rows: int) -> float:
 
 
 def _sweet_spot(choice: str, rows: int) -> float:
-    # constant wins at both ends of the ladder, sweet only at 64 and 256: the ranges
-    # between two that agree are screened, not filled.
+    # constant wins at both ends of the ladder, sweet only from 32 to 256 (at 64 and
+    # 256 of the ladder): the ranges between two that agree are screened, not filled,
+    # and the steps at 32 and 257 are found between the ladder's sizes.
     return {
         "constant": 20,
         "sweet": 2 if 32 <= rows <= 256 else 60,
@@ -90,7 +86,7 @@ def _sweet_spot(choice: str, rows: int) -> float:
 
 
 CASES = {
-    # Two implementations that cross over once, at 64 rows.
+    # Two implementations that cross over once, after 64 rows.
     "crossover": Case(("small", "large"), _crossover),
     # Three, of which the middle one wins only at middle sizes.
     "sweet_spot": Case(("constant", "sweet", "linear"), _sweet_spot),
@@ -384,7 +380,7 @@ def assert_every_size_ran_its_winner(
     test: CollectiveTestCase, case: Case, flows: list[dict]
 ) -> None:
     for f in flows:
-        expected = {n: [case.expected(n)] for n in SIZES}
+        expected = {n: [case.winner_at(n)] for n in SIZES}
         test.assertEqual(f["ran"], expected, msg=str((f["flow"], f["ran"], expected)))
         test.assertEqual(f["compiled_after_warm_up"], 0, msg=str(f))
         test.assertEqual(f.get("frames", 1), 1, msg=str(f))
@@ -402,8 +398,8 @@ class TestServingEngines(CollectiveTestCase):
         for other in results[1:]:
             self.assertEqual([f["ran"] for f in other], [f["ran"] for f in results[0]])
         assert_every_size_ran_its_winner(self, case, results[0])
-        # The winners change where the costs cross, found at every ladder point.
-        expected_points = {"crossover": [64], "sweet_spot": [16, 256]}[case_name]
+        # The winners change where the costs cross, between the ladder's sizes too.
+        expected_points = {"crossover": [64], "sweet_spot": [31, 256]}[case_name]
         self.assertEqual(flows["guard_filter"]["points"], expected_points)
         # Plain torch.compile guards its graph on a range; where the guards are
         # filtered out, the cached range graph is passed over and the graph dispatches
@@ -442,7 +438,7 @@ class TestServingEngines(CollectiveTestCase):
         the winner-change points come back; an aot_compile-d model saved by the first
         job runs every size's winner in the second, compiling nothing."""
         case = CASES["sweet_spot"]
-        expected = {n: [case.expected(n)] for n in SIZES}
+        expected = {n: [case.winner_at(n)] for n in SIZES}
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "cache{rank}")}
         jobs = [
             assert_all_ok(
@@ -461,7 +457,7 @@ class TestServingEngines(CollectiveTestCase):
         for job in jobs:
             for rank in job:
                 self.assertEqual(rank["filtered"], expected, msg=str(rank))
-                self.assertEqual(rank["points"], [16, 256], msg=str(rank))
+                self.assertEqual(rank["points"], [31, 256], msg=str(rank))
                 self.assertEqual(rank["aot"]["ran"], expected, msg=str(rank))
                 self.assertEqual(
                     rank["aot"]["compiled_after_warm_up"], 0, msg=str(rank)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Bump when the meaning of a stored decision changes.
-_FORMAT = 3
+_FORMAT = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +59,13 @@ class StoredDecision(WireMessage):
     confidence: str = ""
 
     def digest(self) -> str:
-        """What ranks compare: equal digests mean the decision is taken the same way."""
+        """What ranks compare: equal digests mean the decision is taken the same way
+        (its timings too: a dynamic site's ranges follow from them)."""
         return digest(
             self.key,
             self.environment.to_wire(),
             self.winner,
+            self.timings_us,
             self.provisional,
             self.runner_up,
         )
@@ -85,7 +87,10 @@ class InlinedDecision:
     provisional: bool
     # Size ranges the graph was guarded on; loaded only where Dynamo checks guards.
     guarded_range: str = ""
-    # A dynamic op's ladder range: its SizePath and (range top, winner) pairs.
+    # The call site's autotuning name (a dynamic site's probes share it).
+    site: str = ""
+    # A dynamic site's qualified op name, SizePath and (range top, winner) pairs.
+    qualified_op: str = ""
     size_path: str = ""
     winners: tuple[tuple[float, str], ...] = ()
 

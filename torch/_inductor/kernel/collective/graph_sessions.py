@@ -28,6 +28,7 @@ from torch._inductor.kernel.collective.records import (
     CollectiveAutotuneRecord,
     keep_record,
     keep_size_path,
+    Measurement,
     SizePath,
     SizePathRecord,
     Source,
@@ -127,6 +128,20 @@ class GroupChoice(WireMessage):
     provisional: bool = False
     # Provisional only for want of confidence: a ladder may still take it as incumbent.
     unsure: bool = dataclasses.field(default=False, compare=False)
+    # Slowest-rank median microseconds of each choice timed for the key: a dynamic
+    # site's ranges follow from them, alike wherever the decision is read.
+    timings_us: dict[str, float] = dataclasses.field(
+        default_factory=dict, compare=False
+    )
+
+    def measurement(self, size: int) -> Measurement:
+        """The decision as a dynamic call site's probe at ``size`` reads it."""
+        return Measurement(
+            size,
+            self.winner,
+            self.timings_us,
+            measured=not self.provisional or self.unsure,
+        )
 
 
 def decided(decisions: GroupDecisions, key: str) -> GroupChoice | None:
@@ -695,16 +710,11 @@ def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
 
 
 def settle_key(
-    session: GroupSession,
-    key: str,
-    choice: GroupChoice,
-    op: str,
-    environment: Environment,
-    code: dict[str, str],
+    session: GroupSession, key: str, choice: GroupChoice, site: SettledSite
 ) -> GroupChoice:
     """Publish ``choice`` for ``key`` and return the stored decision: the first one
-    published for a key is the group's. The graph's cache entry records it with
-    ``environment`` and the ``code`` identities it holds for."""
+    published for a key is the group's. The graph's cache entry records it with the
+    ``site`` it was made for."""
     stored = session.settled.get(key)
     if stored is None:
         # A decision never changes: what this process knows is what the Store holds.
@@ -727,12 +737,24 @@ def settle_key(
         session.plan,
         key,
         stored.winner,
-        op,
-        environment,
-        code,
+        site.name,
+        site.environment,
+        site.code,
         stored.provisional,
+        site=site.autotune_name,
     )
     return stored
+
+
+@dataclasses.dataclass(frozen=True)
+class SettledSite:
+    """What a graph's cache entry keeps of the call site a decision was made for."""
+
+    name: str  # the site's (a probe's: its range's) autotuning name
+    autotune_name: str  # the call site's, for its size path
+    environment: Environment
+    # The code identity of each implementation the decision holds for.
+    code: dict[str, str]
 
 
 # -- the FX-graph cache gate ---------------------------------------------------------
@@ -745,11 +767,12 @@ def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     decisions = []
     for session in _graph_sessions.get(graph, {}).values():
         for decision in session.inlined.values():
-            path = dispatch.size_path_of(graph, decision.op)
+            path = dispatch.size_path_of(graph, decision.site)
             decisions.append(
                 dataclasses.replace(
                     decision,
                     guarded_range=guarded,
+                    qualified_op=path.op if path else "",
                     size_path=path.path.value if path else "",
                     winners=path.winners if path else (),
                 )
@@ -845,16 +868,16 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
             return False
     for decision in decisions:
         _keep_cached(decision)
-    for op, path, guarded, winners in sorted(
+    for op, site, path, guarded, winners in sorted(
         {
-            (d.op.rsplit("_range_", 1)[0], d.size_path, d.guarded_range, d.winners)
+            (d.qualified_op, d.site, d.size_path, d.guarded_range, d.winners)
             for d in decisions
             if d.size_path
         }
     ):
         keep_size_path(
             SizePathRecord(
-                op, SizePath(path), "loaded from the cache", guarded, winners
+                op, site, SizePath(path), "loaded from the cache", guarded, winners
             )
         )
     return True

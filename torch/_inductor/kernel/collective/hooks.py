@@ -19,7 +19,6 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective import (
-    dispatch,
     dynamo_callbacks,
     graph_sessions,
     selection,
@@ -34,14 +33,11 @@ from torch._inductor.kernel.collective.choices import (
     choice_label,
     complete_default_choice,
     DEFAULT,
-    guarded_implementation,
-    label,
+    Implementations,
     own_output,
     own_waits,
     RangeWinner,
     register,
-    schema_arguments,
-    the_op_itself,
     trace_failure,
     traced_once,
 )
@@ -55,10 +51,17 @@ from torch._inductor.kernel.collective.detection import (
     resolve_group,
 )
 from torch._inductor.kernel.collective.dispatch import (
-    data_dependent_size,
-    dynamic_ladder,
     lower_size_dispatch,
     untuned_at_data_dependent_size,
+)
+from torch._inductor.kernel.collective.ladder import (
+    data_dependent_size,
+    dynamic_ladder,
+)
+from torch._inductor.kernel.collective.ladder_lowering import (
+    current_probe,
+    Probing,
+    tuned_ranges,
 )
 from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
 from torch._inductor.kernel.collective.records import (
@@ -109,6 +112,7 @@ __all__ = [
     "select_collective_choice",
     "to_inline",
     "traced_once",
+    "tuned_ranges",
     "winner_change_points",
 ]
 
@@ -142,88 +146,101 @@ def prepare_choices(
 ]:
     """Ready an op's inputs and (guarded) implementations before its choices are traced.
 
-    Returns those to trace, their arguments and config patches, and a settled range's
-    winner to return untraced (else None). A key the group decided already traces only
-    its winner; a data-dependent size traces none (upstream lowers the op's own).
+    Returns those to trace, their arguments and config patches, and a dynamic site's
+    probe that the group decided already, to return untraced (else None). A key the
+    group decided already traces only its winner; a data-dependent size traces none
+    (upstream lowers the op's own).
     """
+    implementations = Implementations(
+        op, decompositions, non_tensor_args, config_patches_list
+    )
     if untuned_at_data_dependent_size(op, inputs):
         _realize(inputs)
         return [], list(non_tensor_args[:1]), None, None
     if _switched_off(op):
         _realize(inputs)
-        traced, args, patches = _to_trace(
-            DEFAULT,
-            _labels(decompositions, non_tensor_args, op),
-            decompositions,
-            non_tensor_args,
-            config_patches_list,
-            op,
-        )
-        return traced, args, patches, None
-    labels, site = _prepare_site(
-        name,
-        decompositions,
-        non_tensor_args,
-        inputs,
-        op,
-        min_speedup_threshold,
-        benchmark_with_cudagraphs,
-    )
-    known = _known_range_winner(site)
-    if known is not None:
-        winner = _range_winner(
-            known, labels, decompositions, non_tensor_args, config_patches_list, op
-        )
-        return list(decompositions), list(non_tensor_args), config_patches_list, winner
+        return (*implementations.to_trace(DEFAULT), None)
+    timing = SiteTiming(min_speedup_threshold, benchmark_with_cudagraphs)
+    probing = current_probe()
+    if probing is not None:
+        return _prepare_probe(probing, name, implementations, inputs, timing)
+    site = _prepare_site(name, implementations, inputs, timing)
     decided = selection.decided_before_tracing(site) if site is not None else None
-    traced, args, patches = _to_trace(
-        decided, labels, decompositions, non_tensor_args, config_patches_list, op
-    )
-    return traced, args, patches, None
+    return (*implementations.to_trace(decided), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteTiming:
+    """How upstream asks a call site's choices to be timed."""
+
+    min_speedup_threshold: float
+    benchmark_with_cudagraphs: bool
 
 
 def _prepare_site(
     name: str,
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
+    implementations: Implementations,
     inputs: Sequence[Any],
-    op: torch._ops.OpOverload,
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
-) -> tuple[list[str], selection.CallSite | None]:
-    """The implementations' labels, and the call site where tuned collectively."""
+    timing: SiteTiming,
+) -> selection.CallSite | None:
+    """The call site of op ``name`` where tuned collectively (else None), its inputs
+    realized."""
     neighbours = neighbours_of_site(inputs)
     _realize(inputs)
-    labels = _labels(decompositions, non_tensor_args, op)
     site = selection.prepare_site(
         name,
-        labels,
-        decompositions,
+        implementations.labels(),
+        implementations.decompositions,
         inputs,
-        op,
-        non_tensor_args,
-        min_speedup_threshold,
-        benchmark_with_cudagraphs,
+        implementations.op,
+        implementations.non_tensor_args,
+        timing.min_speedup_threshold,
+        timing.benchmark_with_cudagraphs,
         neighbours,
     )
     if site is not None:
         dynamo_callbacks.install(compiling=True)
-    return labels, site
+    return site
 
 
-def _known_range_winner(site: selection.CallSite | None) -> str | None:
-    """The winner of the site's range where the range lies outside this graph's sizes or
-    an earlier site of the graph settled it; else None."""
+def _prepare_probe(
+    probing: Probing,
+    name: str,
+    implementations: Implementations,
+    inputs: Sequence[Any],
+    timing: SiteTiming,
+) -> tuple[
+    list[Callable[..., Any]],
+    list[dict[str, Any]],
+    list[dict[str, Any]] | None,
+    RangeWinner | None,
+]:
+    """:func:`prepare_choices` for a dynamic site's probe (upstream's range ``name``):
+    a decision the group holds already is returned untraced (recorded unless its range
+    lies outside this graph's), else the probe's choices are traced."""
+    ladder = probing.tuning.ladder
+    site = probing.tuning.probe_site(
+        probing.probe,
+        name,
+        lambda: _prepare_site(ladder.name, implementations, inputs, timing),
+    )
     if site is None:
-        return None
-    outside = selection.range_outside_this_graph(site)
+        return (*implementations.to_trace(None), None)
+    outside = probing.tuning.known_outside(probing.probe)
     if outside is not None:
-        return outside
+        from torch._dynamo.utils import counters
+
+        counters["inductor"]["collective_autotune_ranges_outside"] += 1
+        probing.measurement = outside
+        return (*implementations.as_given(), implementations.winner(outside.winner))
     settled = selection.settled_range(site)
-    if settled is None:
-        return None
-    _keep(settled)
-    return settled.winner
+    if settled is not None:
+        _keep(settled)
+        probing.measurement = settled.measurement
+        return (*implementations.as_given(), implementations.winner(settled.winner))
+    selection.prepare_probe(site)
+    decided = selection.decided_before_tracing(site)
+    return (*implementations.to_trace(decided, site.labels), None)
 
 
 def _switched_off(op: torch._ops.OpOverload) -> bool:
@@ -233,19 +250,6 @@ def _switched_off(op: torch._ops.OpOverload) -> bool:
     return not config.collective_autotune and names_a_collective(op)
 
 
-def _labels(
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
-    op: torch._ops.OpOverload,
-) -> list[str]:
-    """The labels of the op's implementations, as records and logs name them."""
-    schema = schema_arguments(op)
-    return [
-        label(d.__name__, kwargs, schema)
-        for d, kwargs in zip(decompositions, non_tensor_args)
-    ]
-
-
 def _realize(inputs: Sequence[Any]) -> None:
     """Realize the op's unrealized (pointwise) inputs, which have no strides yet."""
     from torch._inductor.ir import TensorBox
@@ -253,51 +257,6 @@ def _realize(inputs: Sequence[Any]) -> None:
     for inp in inputs:
         if isinstance(inp, TensorBox):
             inp.realize()
-
-
-def _range_winner(
-    winner: str,
-    labels: Sequence[str],
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
-    config_patches_list: Sequence[dict[str, Any]] | None,
-    op: torch._ops.OpOverload,
-) -> RangeWinner:
-    """A settled range's ``winner``, untraced: its implementation, or the op's own."""
-    i = labels.index(winner) if winner in labels else None
-    return RangeWinner.create(
-        winner,
-        None if i is None else guarded_implementation(decompositions[i], op),
-        {} if i is None else non_tensor_args[i],
-        None if i is None or config_patches_list is None else config_patches_list[i],
-        op,
-    )
-
-
-def _to_trace(
-    winner: str | None,
-    labels: Sequence[str],
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
-    config_patches_list: Sequence[dict[str, Any]] | None,
-    op: torch._ops.OpOverload,
-) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The implementations to trace, their arguments and config patches: all, or only
-    the first and the ``winner`` the group decided already."""
-    keep = list(range(len(decompositions)))
-    traced = [guarded_implementation(d, op) for d in decompositions]
-    if winner is not None:
-        keep = [
-            i for i, candidate in enumerate(labels) if i == 0 or candidate == winner
-        ]
-        if labels[0] != winner:
-            # Upstream gives the op's own the first one's arguments: trace it cheaply.
-            traced[0] = the_op_itself(op, schema_arguments(op))
-
-    def kept(items: Sequence[Any] | None) -> Any:
-        return None if items is None else [items[i] for i in keep]
-
-    return kept(traced), kept(non_tensor_args), kept(config_patches_list)
 
 
 def detect_collective(
@@ -528,7 +487,9 @@ def _finish(
             f"which this rank does not have; its choices: {list(by_label)}"
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
-    if dispatch.is_range(record.op):
+    probing = current_probe()
+    if probing is not None:
+        probing.measurement = record.measurement
         return RangeWinner.of(choice, by_label[DEFAULT])
     return choice
 
