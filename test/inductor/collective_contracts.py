@@ -1121,30 +1121,47 @@ def _lower_two_ranges(
         )
 
 
-def check_range_names() -> None:
-    """The range-based lowering tunes each range under the name
-    ``{name}_range_{start}_{end}`` (``inf`` for the last): dispatch.is_range,
-    range_bounds and ladder_of find a range, its sizes and its ladder by that name."""
-    from torch._inductor.kernel.collective.dispatch import (
-        is_range,
-        range_bounds,
-        range_name,
-    )
+def check_ranges_tuned_at_their_last_size() -> None:
+    """The range-based lowering asks hooks.tuned_ranges for a collective op's ranges,
+    handing it ``tune_range(start, end)``, which tunes the range with the op's inputs
+    made at ``end`` rows (the range's upper bound for an unbounded one) and returns
+    the winner's ImplConfig, whose impl_func is the winning choice's decomposition:
+    the ladder times each probe at its size through it."""
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.kernel.custom_op import RangeBounds
 
-    names: list[str] = []
+    sizes: list[int] = []
+    winners: list[Any] = []
 
-    def autotune(*args: Any, name: str, **kwargs: Any) -> Any:
-        names.append(name)
+    def autotune(*args: Any, user_input_gen_fns: Any, **kwargs: Any) -> Any:
+        made = user_input_gen_fns["x"](torch.empty(7, 3))
+        sizes.append(made.shape[0])
         return None, _WINNER
 
-    _lower_two_ranges(autotune, lambda *a, **k: None, [])
-    if names != [range_name("op", start, end) for start, end in _TWO_RANGES]:
-        raise ContractBroken(f"ranges (1, 4] and (5, inf) were tuned as {names}")
-    if not all(is_range(n) for n in names) or [range_bounds(n) for n in names] != [
-        (1, 4),
-        (5, math.inf),
-    ]:
-        raise ContractBroken(f"the range names {names} do not give back their sizes")
+    def tuned_ranges(name, op, ranges, upper_bound, dispatch_on, tune_range):
+        winners.extend([tune_range(5, 12), tune_range(13, math.inf)])
+        return {RangeBounds(1, 12): winners[0], RangeBounds(13, math.inf): winners[1]}
+
+    with mock.patch.object(hooks, "tuned_ranges", tuned_ranges):
+        _lower_two_ranges(autotune, lambda *a, **k: None, [])
+    if sizes != [12, 64]:
+        raise ContractBroken(
+            f"ranges ending at 12 and unbounded (upper bound 64) were tuned at {sizes}"
+        )
+    if [w.impl_func for w in winners] != [_implementation] * 2:
+        raise ContractBroken(f"tune_range returned {winners}, not the winner's config")
+
+
+def break_range_sizes() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel import custom_op
+
+    original = custom_op._create_range_input_gen_fn
+
+    # Each range tuned at its first size.
+    def at_start(base, dim_index, range_start, range_end, range_upper_bound):
+        return original(base, dim_index, range_start, range_start, range_upper_bound)
+
+    return mock.patch.object(custom_op, "_create_range_input_gen_fn", at_start)
 
 
 def check_one_winner_is_inlined_as_chosen() -> None:
@@ -1180,20 +1197,6 @@ def break_one_winner_inlining() -> contextlib.AbstractContextManager[Any]:
         return original(*args, impl_func=lambda *a, **k: impl_func(*a, **k), **kwargs)
 
     return mock.patch.object(custom_op, "ImplConfig", wrapped)
-
-
-def break_range_names() -> contextlib.AbstractContextManager[Any]:
-    from torch._inductor.kernel import custom_op
-
-    original = custom_op._range_based_lowering_fn
-
-    # Each range's name made of another name than the op's.
-    def _range_based_lowering_fn(*args: Any, name: str, **kwargs: Any) -> Any:
-        return original(*args, name=f"{name}_ranges", **kwargs)
-
-    return mock.patch.object(
-        custom_op, "_range_based_lowering_fn", _range_based_lowering_fn
-    )
 
 
 def break_range_based_lowering() -> contextlib.AbstractContextManager[Any]:
@@ -2357,10 +2360,12 @@ CONTRACTS: list[Contract] = [
         break_range_based_lowering,
     ),
     Contract(
-        "the range-based lowering tunes each range as {name}_range_{start}_{end}",
-        "collective/dispatch.py (is_range, range_bounds, ladder_of)",
-        check_range_names,
-        break_range_names,
+        "the range-based lowering hands hooks.tuned_ranges a tune_range that tunes a "
+        "range at its last size and returns the winner's ImplConfig",
+        "patches (custom_op.py); collective/ladder_lowering.py",
+        check_ranges_tuned_at_their_last_size,
+        break_range_sizes,
+        needs_overlay=True,
     ),
     Contract(
         "one winner of every range is inlined by _lower_single_impl, as chosen",

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 from torch._guards import detect_fake_mode
-from torch._inductor.kernel.collective.hooks import (
+from torch._inductor.kernel.collective.api import (
     collective_autotune_size_paths,
     winner_change_points,
 )
@@ -351,6 +351,8 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
 
     case = CASES[case_name]
     register(case)
+    # What an engine reads before it compiles anything, to set its compile ranges.
+    before = winner_change_points(ops.all_reduce)
     path = Path(saved) / f"rank{r.rank}.pt2"
     with (
         given_timings(case.cost),
@@ -364,6 +366,7 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
                 {rec.source.value for rec in collective_autotune_records()}
             ),
             "points": winner_change_points(),
+            "points_before_compiling": before,
         }
         model = make_model(r.group.group_name)
         if restarted:
@@ -458,6 +461,13 @@ class TestServingEngines(CollectiveTestCase):
             for rank in job:
                 self.assertEqual(rank["filtered"], expected, msg=str(rank))
                 self.assertEqual(rank["points"], [31, 256], msg=str(rank))
+        # The restarted job read the first job's points before it compiled anything.
+        self.assertEqual([r["points_before_compiling"] for r in jobs[0]], [[], []])
+        self.assertEqual(
+            [r["points_before_compiling"] for r in jobs[1]], [[31, 256], [31, 256]]
+        )
+        for job in jobs:
+            for rank in job:
                 self.assertEqual(rank["aot"]["ran"], expected, msg=str(rank))
                 self.assertEqual(
                     rank["aot"]["compiled_after_warm_up"], 0, msg=str(rank)

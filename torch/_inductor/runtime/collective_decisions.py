@@ -95,6 +95,26 @@ class InlinedDecision:
     winners: tuple[tuple[float, str], ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class KeptLadder(WireMessage):
+    """A dynamic call site's ranges as its group decided them, kept beside the
+    decisions so that an engine can read where winners change before it compiles."""
+
+    key: str  # the call site's key, without a size
+    op: str  # the op's qualified name, "ns::name"
+    environment: Environment
+    # Code identity per implementation: ranges of since-changed code are not read.
+    code: dict[str, str]
+    # Each range's last size, ascending (inf for the last), and the choice it runs.
+    tops: tuple[float, ...]
+    winners: tuple[str, ...]
+
+    @property
+    def split_points(self) -> list[int]:
+        """The sizes after which the winner changes."""
+        return [int(top) for top in self.tops[:-1]]
+
+
 def environment(group: ProcessGroup, device: torch.device) -> Environment:
     import torch.distributed as dist
 
@@ -164,38 +184,65 @@ class DecisionStore:
         self.root = root
 
     def load(self, key: str, env: Environment) -> StoredDecision | None:
-        path = self._path(key, env)
-        try:
-            data = json.loads(path.read_text())
-            if not isinstance(data, dict) or data.pop("format", None) != _FORMAT:
-                log.debug("ignoring %s: written by another version", path)
-                return None
-            decision = StoredDecision.from_wire(data)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:  # MalformedMessageError is a ValueError
-            log.debug("ignoring unreadable decision %s (%s)", path, e)
-            return None
-        if decision.key != key or decision.environment != env:
-            log.debug("ignoring %s: written for another key or environment", path)
+        decision = self._read(self._path(key, env), StoredDecision)
+        if decision is not None and (
+            decision.key != key or decision.environment != env
+        ):
+            log.debug("ignoring a decision written for another key or environment")
             return None
         return decision
 
     def save(self, decision: StoredDecision) -> None:
         """Write ``decision`` atomically; a failure is logged, not raised."""
+        self._write(self._path(decision.key, decision.environment), decision)
+
+    def _read(self, path: Path, kind: type[Any]) -> Any:
+        """The ``kind`` of message ``path`` holds; None for a missing, unreadable or
+        foreign file, never an error."""
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or data.pop("format", None) != _FORMAT:
+                log.debug("ignoring %s: written by another version", path)
+                return None
+            return kind.from_wire(data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:  # MalformedMessageError is a ValueError
+            log.debug("ignoring unreadable %s (%s)", path, e)
+            return None
+
+    def _write(self, path: Path, message: WireMessage) -> None:
         from torch._inductor.codecache import write_atomic
 
-        path = self._path(decision.key, decision.environment)
-        payload = {"format": _FORMAT, **decision.to_wire()}
+        payload = {"format": _FORMAT, **message.to_wire()}
         try:
             write_atomic(str(path), json.dumps(payload, sort_keys=True), make_dirs=True)
         except OSError as e:
             log.warning(
-                "could not store the collective autotuning decision %s: %s", path, e
+                "could not keep the collective autotuning decision %s: %s", path, e
             )
+
+    def save_ladder(self, ladder: KeptLadder) -> None:
+        """Keep ``ladder``'s ranges (replacing those of the same key and
+        environment); a failure is logged, not raised."""
+        self._write(self._ladder_path(ladder.key, ladder.environment), ladder)
+
+    def ladders(self) -> list[KeptLadder]:
+        """Every readable kept ladder, oldest first; unreadable files are skipped."""
+        found = []
+        for path in sorted(
+            (self.root / "ladders").glob("*.json"), key=lambda p: p.stat().st_mtime
+        ):
+            ladder = self._read(path, KeptLadder)
+            if ladder is not None:
+                found.append(ladder)
+        return found
 
     def _path(self, key: str, env: Environment) -> Path:
         return self.root / f"{digest(key, env.to_wire())}.json"
+
+    def _ladder_path(self, key: str, env: Environment) -> Path:
+        return self.root / "ladders" / f"{digest(key, env.to_wire())}.json"
 
 
 def digest(*parts: Any) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import sympy
 import torch
 from torch._inductor.kernel.collective.detection import names_a_collective, op_name
-from torch._inductor.kernel.collective.records import Measurement
+from torch._inductor.kernel.collective.records import Measurement, winner_change_points
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import process_group_initialized
 
@@ -188,13 +188,16 @@ def _upper_bound(size: Any, dynamic_max: int) -> int:
 
 
 def warm_up_sizes(upper: int | None = None) -> list[int]:
-    """Sizes to call a compiled model at before serving so that every range graph is
-    compiled: ``upper`` (default ``collective_autotune_dynamic_max``) and the ladder's
-    sizes below it, descending so each graph's kernels autotune at its largest size.
-    The sizes between them that the walk adds fall inside these graphs' ranges."""
+    """Sizes to call a compiled model at, after its first compile and before serving,
+    so that every range graph is compiled: ``upper`` (default
+    ``collective_autotune_dynamic_max``), the ladder's sizes below it and the sizes
+    where this process's tuned ops change winner (the top of every range, found
+    between the ladder's sizes too), descending so each graph's kernels autotune at its
+    largest size."""
     settings = BenchmarkSettings.from_config()
     top = settings.dynamic_max if upper is None else upper
-    return [top, *reversed(_points(settings.dynamic_ratio, top))]
+    sizes = {*_points(settings.dynamic_ratio, top), *winner_change_points(), top}
+    return sorted((s for s in sizes if s <= top), reverse=True)
 
 
 def _points(ratio: int, upper: int) -> tuple[int, ...]:

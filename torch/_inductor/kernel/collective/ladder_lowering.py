@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch._inductor.kernel.collective import selection
+from torch._inductor.kernel.collective.detection import op_name
 from torch._inductor.kernel.collective.ladder import (
     assign,
     branches,
@@ -60,9 +61,11 @@ class LadderTuning:
         measurements = walk(self.ladder, self._tuned)
         assert measurements is not None  # _tuned always measures
         log_walk(self.ladder, measurements)
-        running = assign(measurements, TOLERANCE)
+        tops = branches(measurements, assign(measurements, TOLERANCE))
+        if self.site is not None and all(m.measured for m in measurements):
+            selection.keep_ladder(self.site, op_name(self.ladder.op), tops)
         ranges, start = {}, 1
-        for top, choice in branches(measurements, running):
+        for top, choice in tops:
             ranges[RangeBounds(start, top)] = self.implementations[choice]
             start = int(top) + 1 if top != math.inf else start
         return ranges

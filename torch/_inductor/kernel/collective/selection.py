@@ -67,6 +67,7 @@ from torch._inductor.runtime.collective_decisions import (
     DecisionStore,
     digest,
     environment,
+    KeptLadder,
     StoredDecision,
 )
 from torch._inductor.runtime.collective_protocol import (
@@ -649,6 +650,24 @@ def _record(
         provisional=decision.provisional,
         tuning_s=time.monotonic() - started,
         measurement=None if site.size is None else stored.measurement(site.size),
+    )
+
+
+def keep_ladder(site: CallSite, op: str, ranges: Sequence[tuple[float, str]]) -> None:
+    """Keep the ``ranges`` (top, winner) of the dynamic call ``site`` of ``op`` beside
+    its decisions, for an engine to read before it compiles."""
+    if not _persistence_on():
+        return
+    settled = site.settled_site()
+    DecisionStore().save_ladder(
+        KeptLadder(
+            site.key,
+            op,
+            settled.environment,
+            site.code,
+            tuple(top for top, _ in ranges),
+            tuple(winner for _, winner in ranges),
+        )
     )
 
 

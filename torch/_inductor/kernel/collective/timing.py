@@ -370,8 +370,9 @@ def pick(
     incumbent: Incumbent | None = None,
 ) -> tuple[str, str]:
     """The winner and why. A dynamic site's probe keeps ``incumbent`` unless another
-    choice beats it by more than the ladder's tolerance on their slowest ranks: a
-    switch costs a size dispatch, and a near tie must not move a split."""
+    choice beats it by more than the ladder's tolerance on their slowest ranks, and
+    their samples do not overlap: a switch costs a size dispatch, and neither a near
+    tie nor noise may move a split."""
     # Timings are identical on every rank; min() breaks ties by order.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
@@ -386,10 +387,17 @@ def pick(
         and incumbent.winner in names
     ):
         kept = names.index(incumbent.winner)
-        if timings[kept].max_us <= timings[best].max_us * (1 + TOLERANCE):
+        ahead, leader = timings[kept], timings[best]
+        if ahead.max_us <= leader.max_us * (1 + TOLERANCE):
             because = (
                 f"{names[best]} is within {100 * TOLERANCE:g}% of {names[kept]} on "
                 f"their slowest ranks, and {names[kept]} won at {incumbent.won_at}"
+            )
+            best = kept
+        elif ahead.low_us <= leader.high_us:
+            because = (
+                f"{names[best]}'s and {names[kept]}'s samples overlap on their slowest "
+                f"ranks, and {names[kept]} won at {incumbent.won_at}"
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)
