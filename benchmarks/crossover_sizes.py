@@ -169,13 +169,12 @@ def run_job(job: str, mode: str, flow: str, choice: str, sizes: bool) -> dict:
     )
     op = IMPLEMENTATIONS[choice] if job == "written" else all_reduce
     model = model_of(op, device)
-    options = (
-        {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
-        if flow == "engine"
-        else {}
-    )
+    # torch.compile takes a mode or options: the mode's options, and an engine's filter.
+    options: dict[str, Any] = dict(torch._inductor.list_mode_options(mode))
+    if flow == "engine":
+        options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
     config.collective_autotune = job != "untuned"
-    compiled = torch.compile(model, mode=mode, options=options or None)
+    compiled = torch.compile(model, options=options)
     messages = _Messages()
     logging.getLogger("torch").addHandler(messages)
     first = tokens(LARGEST if flow == "engine" else 8, device)
@@ -284,6 +283,8 @@ def drive(nproc: int, repeat: int, out: str) -> None:
             print(
                 json.dumps(rounded({k: v for k, v in result.items() if k != "step_us"}))
             )
+        # After every job: a run cut short still leaves what it measured.
+        write_json(f"{out}.json", rounded({"results": results}))
     card = {"results": results, **report(results)}
     write_json(f"{out}.json", rounded(card))
     Path(f"{out}.md").write_text(markdown(card))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +52,7 @@ from collective_harness import (
 LADDER_MAX = 1024
 LARGEST = 1000  # the engine's largest batch, its first call
 # On the ladder, and strictly between its sizes next to each case's crossovers.
-SIZES = (2, 8, 16, 17, 31, 32, 40, 64, 65, 200, 256, 257, LARGEST)
+SIZES = (2, 6, 7, 8, 16, 17, 31, 32, 40, 64, 65, 200, 255, 256, 257, LARGEST)
 HIDDEN = 16
 
 
@@ -63,15 +64,26 @@ class Case:
     cost: Callable[[str, int], float]
 
     def winner_at(self, rows: int) -> str:
-        """The best choice at ``rows``: what every size must run."""
+        """The best choice at ``rows``."""
         return min((*self.implementations, "default"), key=lambda c: self.cost(c, rows))
 
+    def loss(self, ran: list[str], rows: int) -> float:
+        """How much slower than the best choice what ran at ``rows`` is (inf where not
+        one choice ran)."""
+        if len(ran) != 1:
+            return math.inf
+        return self.cost(ran[0], rows) / self.cost(self.winner_at(rows), rows) - 1
 
-def _crossover(choice: str, rows: int) -> float:
-    small = rows <= 64
-    return {"small": 10 if small else 100, "large": 100 if small else 10}.get(
-        choice, 1000
-    )
+
+def _crossovers(choice: str, rows: int) -> float:
+    # steep wins up to 6 rows, gentle from 7 (they cross at 6.2, between the ladder's 4
+    # and 16), flat from 253: at the ladder's 256 gentle is 0.9% behind flat, a near
+    # tie that the range of 256 decides for gentle, the choice below it.
+    return {
+        "steep": 3 + 2 * rows,
+        "gentle": 15 + 20 * rows / 252,
+        "flat": 35,
+    }.get(choice, 1000)
 
 
 def _sweet_spot(choice: str, rows: int) -> float:
@@ -86,8 +98,8 @@ def _sweet_spot(choice: str, rows: int) -> float:
 
 
 CASES = {
-    # Two implementations that cross over once, after 64 rows.
-    "crossover": Case(("small", "large"), _crossover),
+    # Three implementations that cross between the ladder's sizes, and near one.
+    "crossovers": Case(("steep", "gentle", "flat"), _crossovers),
     # Three, of which the middle one wins only at middle sizes.
     "sweet_spot": Case(("constant", "sweet", "linear"), _sweet_spot),
 }
@@ -382,9 +394,12 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
 def assert_every_size_ran_its_winner(
     test: CollectiveTestCase, case: Case, flows: list[dict]
 ) -> None:
+    """Every size, on the ladder and between its sizes, ran one choice within 2% of
+    the best there."""
     for f in flows:
-        expected = {n: [case.winner_at(n)] for n in SIZES}
-        test.assertEqual(f["ran"], expected, msg=str((f["flow"], f["ran"], expected)))
+        losses = {n: case.loss(ran, n) for n, ran in f["ran"].items()}
+        test.assertEqual(sorted(losses), sorted(SIZES), msg=str(f["flow"]))
+        test.assertLessEqual(max(losses.values()), 0.02, msg=str((f["flow"], f["ran"])))
         test.assertEqual(f["compiled_after_warm_up"], 0, msg=str(f))
         test.assertEqual(f.get("frames", 1), 1, msg=str(f))
 
@@ -402,7 +417,7 @@ class TestServingEngines(CollectiveTestCase):
             self.assertEqual([f["ran"] for f in other], [f["ran"] for f in results[0]])
         assert_every_size_ran_its_winner(self, case, results[0])
         # The winners change where the costs cross, between the ladder's sizes too.
-        expected_points = {"crossover": [64], "sweet_spot": [31, 256]}[case_name]
+        expected_points = {"crossovers": [6, 256], "sweet_spot": [31, 256]}[case_name]
         self.assertEqual(flows["guard_filter"]["points"], expected_points)
         # Plain torch.compile guards its graph on a range; where the guards are
         # filtered out, the cached range graph is passed over and the graph dispatches
@@ -441,7 +456,7 @@ class TestServingEngines(CollectiveTestCase):
         the winner-change points come back; an aot_compile-d model saved by the first
         job runs every size's winner in the second, compiling nothing."""
         case = CASES["sweet_spot"]
-        expected = {n: [case.winner_at(n)] for n in SIZES}
+        expected = {n: [case.winner_at(n)] for n in SIZES}  # no near tie in this case
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "cache{rank}")}
         jobs = [
             assert_all_ok(
