@@ -1,9 +1,9 @@
 """Every size its winner: a tuned op whose choices cross between the ladder's sizes.
 
 A 4-layer model ``x = x + op(relu(x @ w))`` (hidden 1024, bf16) whose tuned all-reduce
-has two implementations: ``per_row`` (the all-reduce, then 0.5 µs a row of device
-time) and ``fixed`` (the all-reduce, then 100 µs), crossing at 200 rows, between the
-ladder's 64 and 256; the op's own implementation (300 µs) never wins. Each job is a
+has two implementations: ``per_row`` (the all-reduce, then 2 µs a row of device
+time) and ``fixed`` (the all-reduce, then 400 µs), crossing at 200 rows, between the
+ladder's 64 and 256; the op's own implementation (1200 µs) never wins. Each job is a
 fresh process on empty caches:
 
 * ``tuned``: compiled with the op tuned, by plain ``torch.compile`` (first call at 8
@@ -42,14 +42,16 @@ from common import header, init_process_group, rounded, write_json
 
 LAYERS = 4
 HIDDEN = 1024
-US_PER_ROW = 0.5
-FIXED_US = 100.0
-OWN_US = 300.0
+# Device time well above a call's host time (a Python custom op's, tens of µs), so that
+# the default mode, whose launches are host-paced, is device-bound near the crossover.
+US_PER_ROW = 2.0
+FIXED_US = 400.0
+OWN_US = 1200.0
 LARGEST = 4096
 # On the ladder (1, 4, 16, 64, 256, 1024, 4096) and between its sizes, most near the
 # crossover at 200 rows.
 SIZES = (1, 8, 16, 64, 96, 128, 160, 192, 200, 208, 224, 256, 512, 1024, 2048, 4096)
-STEPS = 50
+STEPS = 20
 MODES = ("default", "reduce-overhead")
 FLOWS = ("plain", "engine")
 
@@ -131,20 +133,21 @@ class _Messages(logging.Handler):
 
 
 def step_us(fn: Any, x: torch.Tensor) -> float:
-    """Median µs of a step over STEPS steps, after warm-up calls."""
+    """µs a step of back-to-back steps takes (as a server runs them), the median of
+    five batches of STEPS steps, after warm-up calls."""
     for _ in range(3):
         fn(x)
     torch.cuda.synchronize()
     times = []
-    for _ in range(STEPS):
+    for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(True)
         start.record()
-        fn(x)
+        for _ in range(STEPS):
+            fn(x)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+        times.append(start.elapsed_time(end) * 1e3 / STEPS)
+    return sorted(times)[2]
 
 
 def tokens(n: int, device: torch.device) -> torch.Tensor:
@@ -198,6 +201,11 @@ def run_job(job: str, mode: str, flow: str, choice: str, sizes: bool) -> dict:
             "compiling choices": sum(r.build_s for r in records),
             "waiting for the group": sum(r.waited_s for r in records),
         },
+        # The benchmarks' own steps, summed over the probes.
+        "benchmark_phases_s": {
+            phase: sum(dict(r.phases).get(phase, 0.0) for r in records)
+            for phase in ("screen", "batches", "rounds", "reduce")
+        },
         "probes": sorted({r.size for r in records if r.size is not None}),
         "paths": [p.path.value for p in api.collective_autotune_size_paths()],
     }
@@ -245,8 +253,9 @@ def jobs(repeat: int) -> list[dict[str, str]]:
         for m in MODES
         for f in FLOWS
     ]
+    # More cold jobs of one configuration: the split points' stability.
     listed += [
-        {"job": "tuned", "mode": "default", "flow": "plain", "choice": "", "sizes": ""}
+        {"job": "tuned", "mode": MODES[1], "flow": "plain", "choice": "", "sizes": ""}
     ] * repeat
     return listed
 
@@ -260,6 +269,8 @@ def drive(nproc: int, repeat: int, out: str) -> None:
                 **os.environ,
                 "TORCHINDUCTOR_CACHE_DIR": str(Path(cache) / "inductor"),
                 "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_PERSIST": "0",
+                # The ladder up to the engine's largest batch.
+                "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_DYNAMIC_MAX": str(LARGEST),
             }
             command = [
                 sys.executable,
@@ -320,7 +331,11 @@ def report(results: list[dict]) -> dict:
         for r in results
         if r["job"] == "tuned" and "step_us" in r and (r["mode"], r["flow"]) in untuned
     }
-    points = [r["points"] for r in results if r["job"] == "tuned"]
+    points = [
+        r["points"]
+        for r in results
+        if r["job"] == "tuned" and (r["mode"], r["flow"]) == (MODES[1], "plain")
+    ]
     return {
         "tables": tables,
         "worst_ratio": max(
@@ -342,7 +357,8 @@ def markdown(card: dict) -> str:
         f"{card['worst_ratio']:.3f}"
         if card["worst_ratio"]
         else "no sizes timed",
-        f"Split points in {len(card['points_per_cold_job'])} cold jobs: "
+        f"Split points in {len(card['points_per_cold_job'])} cold jobs "
+        f"({MODES[1]}, plain torch.compile): "
         f"{card['points_per_cold_job']} (stable: {card['points_stable']})",
         "",
     ]
@@ -366,6 +382,11 @@ def markdown(card: dict) -> str:
             lines.append(
                 f"- {r['mode']}/{r['flow']}: first call {r['compile_s']:.2f} s; tuner "
                 + ", ".join(f"{k} {v:.2f} s" for k, v in r["tuner_s"].items())
+                + " (benchmarks: "
+                + ", ".join(
+                    f"{k} {v:.2f} s" for k, v in r["benchmark_phases_s"].items()
+                )
+                + ")"
                 + f"; probes at {r['probes']}; skipping cudagraphs: "
                 f"{len(r['skipping_cudagraphs'])}; graphs after warm-up: "
                 f"{r['graphs_compiled_after_warm_up']}"
