@@ -139,6 +139,23 @@ class TestCollectiveOpTuningUnitsLadder(TestCase):
         self.assertFalse([p for p in probes if p.choices], msg=str(probes))
         self.assertLessEqual(worst_loss(cost, ranges, 4096), TOLERANCE)
 
+    def test_choices_that_timing_cannot_tell_apart_keep_the_choice_below(self):
+        # Medians 10% apart, samples overlapping (host-paced timing at a few rows):
+        # the range keeps the choice below, and nothing is probed between them.
+        noisy = Measurement(
+            16,
+            "a",
+            {"a": 11.0, "b": 10.0},
+            low_us={"a": 8.0, "b": 7.0},
+            high_us={"a": 14.0, "b": 13.0},
+        )
+        ms = [Measurement(4, "a", {"a": 5.0, "b": 9.0}), noisy]
+        self.assertEqual(assign(ms, TOLERANCE), ["a", "a"])
+        apart = Measurement(
+            16, "b", {"a": 11.0, "b": 10.0}, low_us={"a": 10.9}, high_us={"b": 10.1}
+        )
+        self.assertEqual(assign([ms[0], apart], TOLERANCE), ["a", "b"])
+
     def test_a_range_keeps_the_choice_below_while_it_is_within_the_tolerance(self):
         ms = [
             Measurement(1, "a", {"a": 10.0, "b": 12.0}),

@@ -51,12 +51,15 @@ class StoredDecision(WireMessage):
     key: str
     environment: Environment
     winner: str
-    # Slowest-rank microseconds per choice, for the logs.
+    # Slowest-rank microseconds per choice (medians, quartiles): the logs read them,
+    # and a dynamic site's ranges follow from them.
     timings_us: dict[str, float]
     # The next job to meet the key re-times winner against runner-up.
     provisional: bool = False
     runner_up: str = ""
     confidence: str = ""
+    low_us: dict[str, float] = dataclasses.field(default_factory=dict)
+    high_us: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def digest(self) -> str:
         """What ranks compare: equal digests mean the decision is taken the same way
@@ -66,6 +69,8 @@ class StoredDecision(WireMessage):
             self.environment.to_wire(),
             self.winner,
             self.timings_us,
+            self.low_us,
+            self.high_us,
             self.provisional,
             self.runner_up,
         )

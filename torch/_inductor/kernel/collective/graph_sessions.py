@@ -133,6 +133,9 @@ class GroupChoice(WireMessage):
     timings_us: dict[str, float] = dataclasses.field(
         default_factory=dict, compare=False
     )
+    # Their samples' quartiles: within them, no timing tells two choices apart.
+    low_us: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
+    high_us: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
 
     def measurement(self, size: int) -> Measurement:
         """The decision as a dynamic call site's probe at ``size`` reads it."""
@@ -140,7 +143,9 @@ class GroupChoice(WireMessage):
             size,
             self.winner,
             self.timings_us,
-            measured=not self.provisional or self.unsure,
+            not self.provisional or self.unsure,
+            self.low_us,
+            self.high_us,
         )
 
 

@@ -79,6 +79,9 @@ class Measurement:
     timings_us: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # False for a decision taken without timing (a fallback): it proves nothing.
     measured: bool = True
+    # The quartiles of each choice's samples (slowest rank), where known.
+    low_us: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    high_us: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def us(self, choice: str) -> float:
         """``choice``'s time here, inf where it was not timed or failed."""
@@ -86,9 +89,17 @@ class Measurement:
         return t if math.isfinite(t) else math.inf
 
     def acceptable(self, choice: str, tolerance: float) -> bool:
-        """Whether ``choice`` is within ``tolerance`` of the fastest here."""
-        best = min(map(self.us, self.timings_us), default=math.inf)
-        return math.isfinite(best) and self.us(choice) <= best * (1 + tolerance)
+        """Whether ``choice`` is within ``tolerance`` of the fastest here, or its
+        samples overlap the fastest's (no timing here tells them apart)."""
+        if not self.timings_us:
+            return False
+        best = min(sorted(self.timings_us), key=self.us)
+        if not math.isfinite(self.us(best)) or not math.isfinite(self.us(choice)):
+            return False
+        low = self.low_us.get(choice, self.us(choice))
+        return self.us(choice) <= self.us(best) * (1 + tolerance) or low <= (
+            self.high_us.get(best, self.us(best))
+        )
 
     def fastest(self) -> str:
         """The fastest choice here (of equals, the first by name), else the winner."""

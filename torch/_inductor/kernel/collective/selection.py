@@ -596,16 +596,23 @@ def _settled(
     a benchmarked one is also stored on disk, provisional where timed without
     confidence. The timings travel with it: from this benchmark, or from disk."""
     unsure = confidence is not None and not confidence.settled
-    timings_us = {t.name: t.max_us for t in timings}
-    if decision.source == Source.DISK:
-        persisted = _persisted(site)
-        timings_us = dict(persisted.timings_us) if persisted else {}
-    stored = graph_sessions.settle_key(
-        voting,
-        site.key,
-        GroupChoice(winner, decision.provisional, unsure, timings_us),
-        site.settled_site(),
+    measured = GroupChoice(
+        winner,
+        decision.provisional,
+        unsure,
+        {t.name: t.max_us for t in timings},
+        {t.name: t.low_us for t in timings},
+        {t.name: t.high_us for t in timings},
     )
+    persisted = _persisted(site) if decision.source == Source.DISK else None
+    if persisted is not None:
+        measured = dataclasses.replace(
+            measured,
+            timings_us=dict(persisted.timings_us),
+            low_us=dict(persisted.low_us),
+            high_us=dict(persisted.high_us),
+        )
+    stored = graph_sessions.settle_key(voting, site.key, measured, site.settled_site())
     source, reason = decision.source, decision.reason
     if stored.winner != winner:
         return source, stored, f"the group decided {stored.winner} first"
@@ -615,10 +622,12 @@ def _settled(
                 site.key,
                 site.settled_site().environment,
                 winner,
-                timings_us,
+                measured.timings_us,
                 provisional=unsure,
                 runner_up=confidence.runner_up if unsure and confidence else "",
                 confidence=confidence.describe() if confidence else "",
+                low_us=measured.low_us,
+                high_us=measured.high_us,
             )
         )
     return source, stored, reason
