@@ -17,7 +17,7 @@ VENV_211 := .venv-2.11
 VPY_211 := $(VENV_211)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test lint venvs test-2.13 test-2.11 test-2.14-rest test-2.13-then-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
+.PHONY: demo test test-vllm lint venvs test-2.13 test-2.11 test-2.14-rest test-2.13-then-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,24 @@ $(VENV_213)/.installed: pyproject.toml
 $(VENV_211)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_211)
 	$(VPY_211) -m pip install --quiet torch==2.11.0 numpy pytest expecttest
+	touch $@
+
+# vLLM as users install it, on the project's torch: `pip install --no-deps vllm==0.33.0`
+# plus the packages its compile path imports (pinned in the requirements file). Its own
+# venv, layered on .venv: a .pth adds .venv's site-packages (torch with the overlay
+# applied, pytest) after its own, so .venv stays what `pip install torch` gives and no
+# second torch (about 4 GiB) is installed. vLLM pins torch 2.14.0; .venv has 2.14.1.
+VLLM_VERSION := 0.33.0
+VENV_VLLM := .venv-vllm
+VPY_VLLM := $(VENV_VLLM)/bin/python
+VLLM_REQUIREMENTS := tools/vllm-$(VLLM_VERSION)-requirements.txt
+
+$(VENV_VLLM)/.installed: $(VENV)/.installed $(VLLM_REQUIREMENTS)
+	rm -rf $(VENV_VLLM)
+	$(PYTHON) -m venv $(VENV_VLLM)
+	echo "import site; site.addsitedir('$(abspath $(shell $(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'))')" \
+		> $$($(VPY_VLLM) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/project_venv.pth
+	$(VPY_VLLM) -m pip install --quiet --no-deps vllm==$(VLLM_VERSION) -r $(VLLM_REQUIREMENTS)
 	touch $@
 
 # Applying is idempotent and cheap; run it every time so a changed diff takes effect.
