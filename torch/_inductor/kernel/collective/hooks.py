@@ -22,6 +22,7 @@ from torch._inductor.kernel.collective import (
     dispatch,
     dynamo_callbacks,
     graph_sessions,
+    recorded_artifacts,
     selection,
 )
 from torch._inductor.kernel.collective.choice_modules import (
@@ -399,10 +400,14 @@ def cached_graph_usable(graph: CompiledFxGraph) -> bool:
     return graph_sessions.cached_graph_usable(graph.collective_decisions)
 
 
-def group_takes_cached_graph(graph: CompiledFxGraph) -> bool:
-    """For ``FxGraphCache.load_with_key``'s hit: whether each decision's group takes it
-    (every rank loaded the same graph). False: a miss, which the group compiles."""
-    return graph_sessions.group_takes_cached_graph(graph.collective_decisions)
+def group_takes_cached_graph(graph: CompiledFxGraph, key: str) -> bool:
+    """For ``FxGraphCache.load_with_key``'s hit of ``key``: whether each decision's group
+    takes it (every rank loaded the same graph). False: a miss, which the group
+    compiles, and the hit is no artifact of this compile (recorded_artifacts)."""
+    if graph_sessions.group_takes_cached_graph(graph.collective_decisions):
+        return True
+    recorded_artifacts.forget("inductor", key)
+    return False
 
 
 def cached_entry_usable(entry: Any) -> bool:
@@ -410,11 +415,14 @@ def cached_entry_usable(entry: Any) -> bool:
     return all(cached_graph_usable(graph) for graph in _bundled_graphs(entry))
 
 
-def group_takes_cached_entry(entry: Any) -> bool:
+def group_takes_cached_entry(entry: Any, key: str) -> bool:
     """:func:`group_takes_cached_graph` for an AOTAutograd cache hit's graphs."""
-    return graph_sessions.group_takes_cached_graph(
+    if graph_sessions.group_takes_cached_graph(
         [d for graph in _bundled_graphs(entry) for d in graph.collective_decisions]
-    )
+    ):
+        return True
+    recorded_artifacts.forget("aot_autograd", key)
+    return False
 
 
 def _bundled_graphs(entry: Any) -> list[CompiledFxGraph]:
