@@ -61,7 +61,10 @@ from torch._inductor.kernel.collective.dispatch import (
     lower_size_dispatch,
     untuned_at_data_dependent_size,
 )
-from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
+from torch._inductor.kernel.collective.graph_sessions import (
+    inlined_decisions,
+    loading_saved_artifact,
+)
 from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
     collective_autotune_size_paths,
@@ -103,6 +106,7 @@ __all__ = [
     "group_takes_cached_entry",
     "group_takes_cached_graph",
     "inlined_decisions",
+    "loading_saved_artifact",
     "lower_size_dispatch",
     "lowered_once",
     "note_registration",
