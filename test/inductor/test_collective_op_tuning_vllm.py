@@ -382,9 +382,9 @@ class TestVllmPipeline(CollectiveTestCase):
         # (costs, forget vLLM's artifacts, the rank whose Inductor cache is removed)
         plan = [
             (LOADED, False, None),  # provisional picks, saved
+            (QUIET, False, None),  # vLLM loads what it saved, provisional picks too
             (QUIET, True, None),  # compiled again: the provisional ones timed again
-            (QUIET, False, None),  # vLLM loads what it saved
-            (QUIET, True, last),  # the other ranks' hits refused
+            (QUIET, True, last),  # the other ranks' cache hits refused
             (QUIET, False, None),
             (LOADED, True, None),  # the kept decisions, screened: settled
             (QUIET, True, None),  # every rank hits its caches: loaded
@@ -405,12 +405,12 @@ class TestVllmPipeline(CollectiveTestCase):
                 self.assertEqual(rank["compiled_after_warm_up"]["inductor_compiles"], 0)
             if i == 0:
                 self.assertTrue(all(rank["provisional"] for rank in results))
-            if i == 1:
-                self.assertTrue(all("benchmark" in r["sources"] for r in results))
-                self.assertFalse(any(rank["provisional"] for rank in results))
-            if i == 2:
+            if i == 1:  # loaded: nothing compiled, nothing timed
                 for rank in results:
                     self.assertEqual(rank["compiled"]["inductor_compiles"], 0)
+            if i == 2:
+                self.assertTrue(all("benchmark" in r["sources"] for r in results))
+                self.assertFalse(any(rank["provisional"] for rank in results))
 
 
 instantiate_parametrized_tests(TestVllmPipeline)

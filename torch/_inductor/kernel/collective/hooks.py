@@ -102,6 +102,7 @@ __all__ = [
     "collective_output_node",
     "detect_collective",
     "dynamic_ladder",
+    "forget_recorded",
     "format_record",
     "group_takes_cached_entry",
     "group_takes_cached_graph",
@@ -427,6 +428,13 @@ def group_takes_cached_entry(entry: Any, key: str) -> bool:
         return True
     recorded_artifacts.forget("aot_autograd", key)
     return False
+
+
+def forget_recorded(artifact_type: str, key: str) -> None:
+    """For AOTAutogradCache.try_load's hit whose compiled graphs were not found (an FX
+    graph whose decisions this rank cannot take): the entry is no artifact of this
+    compile (recorded_artifacts)."""
+    recorded_artifacts.forget(artifact_type, key)
 
 
 def _bundled_graphs(entry: Any) -> list[CompiledFxGraph]:
