@@ -850,7 +850,8 @@ def _held_here(
 
 def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
     """Whether every group whose decisions a cache hit inlines takes them: decided so
-    already in this attempt, or every rank loaded this same graph. False turns the hit
+    already in this attempt, or every rank loaded this same graph, or it is part of an
+    artifact the engine saved (loading_saved_artifact). False turns the hit
     into a miss; the session joined passes to the compile that follows. Called after
     the cache lookup, before a hit is used, so that the lookup does no network."""
     if not decisions:
@@ -866,8 +867,11 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
 
     dynamo_callbacks.install(compiling=True)
     settings = BenchmarkSettings.from_config()
+    # An artifact the engine saved is each rank's own to load (cached_graph_usable
+    # checked it): no vote, as for a model loaded whole (aot_compile).
+    saved = _loading_saved.get()
     for (group_name, plan), inlined in sorted(sites.items()):
-        if not _group_loads(group_name, plan, inlined, settings):
+        if not saved and not _group_loads(group_name, plan, inlined, settings):
             return False
     for decision in decisions:
         _keep_cached(decision)
