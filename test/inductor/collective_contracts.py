@@ -151,12 +151,17 @@ def one_rank_group() -> Iterator[Any]:
 
 @contextlib.contextmanager
 def fresh_inductor() -> Iterator[None]:
-    """Compiles from scratch, in a cache dir of their own."""
+    """Compiles from scratch, in a cache dir of their own, which keeps their collective
+    decisions too (fresh_cache does not move collective_autotune_decisions_dir)."""
+    from torch._inductor import config
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch._inductor.utils import fresh_cache
 
     torch._dynamo.reset()
     with fresh_cache():
-        yield
+        decisions = os.path.join(cache_dir(), "collective_autotuning", "decisions")
+        with config.patch(collective_autotune_decisions_dir=decisions):
+            yield
     torch._dynamo.reset()
 
 
@@ -1826,6 +1831,31 @@ def break_cache_dir() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_default_cache_dir() -> None:
+    """default_cache_dir() does not follow TORCHINDUCTOR_CACHE_DIR: the decisions kept
+    under it (collective_decisions.decisions_dir) outlive an engine's move of that."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    before = cache_dir_utils.default_cache_dir()
+    with (
+        tempfile.TemporaryDirectory() as root,
+        mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": root}),
+    ):
+        if cache_dir_utils.default_cache_dir() != before:
+            raise ContractBroken(
+                f"default_cache_dir() moved with TORCHINDUCTOR_CACHE_DIR to {root}"
+            )
+
+
+def break_default_cache_dir() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.runtime import cache_dir_utils
+
+    # default_cache_dir() reading TORCHINDUCTOR_CACHE_DIR as cache_dir() does.
+    return mock.patch.object(
+        cache_dir_utils, "default_cache_dir", cache_dir_utils.cache_dir
+    )
+
+
 def check_fresh_cache_clears() -> None:
     """What clear_on_fresh_cache registers is cleared by fresh_cache()."""
     from torch._inductor.utils import clear_on_fresh_cache, fresh_cache
@@ -2515,6 +2545,12 @@ CONTRACTS: list[Contract] = [
         break_atomic_writes,
     ),
     Contract("cache_dir()", "collective_decisions", check_cache_dir, break_cache_dir),
+    Contract(
+        "default_cache_dir() does not follow TORCHINDUCTOR_CACHE_DIR",
+        "collective_decisions.decisions_dir",
+        check_default_cache_dir,
+        break_default_cache_dir,
+    ),
     Contract(
         "clear_on_fresh_cache registers what fresh_cache clears",
         "collective/records.py",
