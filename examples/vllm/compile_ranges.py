@@ -18,6 +18,11 @@ make each range inline one winner, with no dispatch:
 
        compiler_interface.set_inductor_config = set_inductor_config_with_range
 
+vLLM's cache key does not see this addition (it hashes the global Inductor config, not
+what set_inductor_config adds per range): a cache compiled without it is loaded as it
+is; clear it (or change the config) once. Without the addition each range compiles the
+in-graph dispatch: every size still runs its ladder range's winner.
+
 test/inductor/test_collective_op_tuning_vllm.py runs this code in vLLM 0.33.0's own
 pipeline (make test-vllm).
 """
