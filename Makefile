@@ -17,7 +17,7 @@ VENV_211 := .venv-2.11
 VPY_211 := $(VENV_211)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test lint venvs test-2.13 test-2.11 test-2.14-rest test-2.13-then-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
+.PHONY: demo test test-vllm vllm-lane lint venvs test-2.13 test-2.11 test-2.14-rest test-2.13-then-2.11 overlay overlay-2.13 overlay-2.11 unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,24 @@ $(VENV_213)/.installed: pyproject.toml
 $(VENV_211)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_211)
 	$(VPY_211) -m pip install --quiet torch==2.11.0 numpy pytest expecttest
+	touch $@
+
+# vLLM as users install it, on the project's torch: `pip install --no-deps vllm==0.33.0`
+# plus the packages its compile path imports (pinned in the requirements file). Its own
+# venv, layered on .venv: a .pth adds .venv's site-packages (torch with the overlay
+# applied, pytest) after its own, so .venv stays what `pip install torch` gives and no
+# second torch (about 4 GiB) is installed. vLLM pins torch 2.14.0; .venv has 2.14.1.
+VLLM_VERSION := 0.33.0
+VENV_VLLM := .venv-vllm
+VPY_VLLM := $(VENV_VLLM)/bin/python
+VLLM_REQUIREMENTS := tools/vllm-$(VLLM_VERSION)-requirements.txt
+
+$(VENV_VLLM)/.installed: $(VENV)/.installed $(VLLM_REQUIREMENTS)
+	rm -rf $(VENV_VLLM)
+	$(PYTHON) -m venv $(VENV_VLLM)
+	echo "import site; site.addsitedir('$(abspath $(shell $(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'))')" \
+		> $$($(VPY_VLLM) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/project_venv.pth
+	$(VPY_VLLM) -m pip install --quiet --no-deps vllm==$(VLLM_VERSION) -r $(VLLM_REQUIREMENTS)
 	touch $@
 
 # Applying is idempotent and cheap; run it every time so a changed diff takes effect.
@@ -55,18 +73,20 @@ demo: overlay
 # spawned rank paid up to 30 s for it on torch 2.11. The tests take the ISAs as the CPU
 # lists them (gcc 12 builds each); a value set by the caller wins. The demo and the GPU
 # targets keep Inductor's default.
-test test-2.13 test-2.11 test-2.14-rest: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
+test test-2.13 test-2.11 test-2.14-rest test-vllm vllm-lane: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
 # Each rank's compile would start a pool of compile workers, each importing torch anew:
 # on 2 cores they cost more CPU than they save. A value set by the caller wins.
-test test-2.13 test-2.11 test-2.14-rest: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
+test test-2.13 test-2.11 test-2.14-rest test-vllm vllm-lane: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 # The files whose tests run on ranks: under torchrun every process is a rank and each
 # test's body runs in it (cases of another world size skip there). Their tests that use
 # no rank are marked single_process and skip under torchrun.
 RANK_TESTS = $(shell grep -l run_ranks test/inductor/test_collective_op_tuning*.py)
 
-# The three torches install side by side (a minute each, mostly unpacking wheels).
+# The three torches install side by side (a minute each, mostly unpacking wheels), and
+# vLLM's venv once .venv is there.
 venvs:
-	$(MAKE) -j3 $(VENV)/.installed $(VENV_213)/.installed $(VENV_211)/.installed
+	$(MAKE) -j3 $(VENV)/.installed $(VENV_213)/.installed $(VENV_211)/.installed \
+		$(VENV_VLLM)/.installed
 
 # Upstream's formatter and lint rules (pyproject.toml's [tool.ruff], as pytorch/pytorch's).
 LINTED := torch tools test benchmarks examples
@@ -103,6 +123,15 @@ test-2.14-rest:
 test-2.13-then-2.11:
 	$(MAKE) test-2.13
 	$(MAKE) test-2.11
+	$(MAKE) vllm-lane
+
+# vLLM 0.33.0's own compile pipeline on gloo ranks, self-spawned (its jobs restart on
+# shared caches), from .venv-vllm. In `make test` it runs after 2.11, beside 2.14's rest.
+test-vllm: overlay $(VENV_VLLM)/.installed
+	$(MAKE) vllm-lane
+
+vllm-lane:
+	$(VPY_VLLM) $(PYTEST) test/inductor/test_collective_op_tuning_vllm.py
 
 # What the older minors run: the overlay's round trip, the upstream contracts, the
 # units, the size dispatch, upstream's test patterns, ops that do not communicate, the

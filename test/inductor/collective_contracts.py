@@ -151,12 +151,17 @@ def one_rank_group() -> Iterator[Any]:
 
 @contextlib.contextmanager
 def fresh_inductor() -> Iterator[None]:
-    """Compiles from scratch, in a cache dir of their own."""
+    """Compiles from scratch, in a cache dir of their own, which keeps their collective
+    decisions too (fresh_cache does not move collective_autotune_decisions_dir)."""
+    from torch._inductor import config
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch._inductor.utils import fresh_cache
 
     torch._dynamo.reset()
     with fresh_cache():
-        yield
+        decisions = os.path.join(cache_dir(), "collective_autotuning", "decisions")
+        with config.patch(collective_autotune_decisions_dir=decisions):
+            yield
     torch._dynamo.reset()
 
 
@@ -347,7 +352,7 @@ def check_cache_hits_ask_the_group() -> None:
     compiled: list[Any] = []
     codegen = compile_fx.fx_codegen_and_compile
 
-    def group_takes(graph: Any) -> bool:
+    def group_takes(graph: Any, key: str) -> bool:
         asked.append(graph)
         return False
 
@@ -407,7 +412,7 @@ def check_bundled_cache_entries_are_asked_about() -> None:
         asked["usable"].append(entry)
         return True
 
-    def group_takes(entry: Any) -> bool:
+    def group_takes(entry: Any, key: str) -> bool:
         asked["group"].append(entry)
         return False
 
@@ -422,7 +427,7 @@ def check_bundled_cache_entries_are_asked_about() -> None:
     if counters["aot_autograd"]["autograd_cache_hit"]:
         raise ContractBroken("a bundled hit the group refused was used")
 
-    def fails(entry: Any) -> bool:
+    def fails(entry: Any, key: str) -> bool:
         raise CollectiveAutotuneError("the group is gone")
 
     with mock.patch.object(hooks, "group_takes_cached_entry", fails):
@@ -442,6 +447,73 @@ def break_bundled_cache_entries() -> contextlib.AbstractContextManager[Any]:
 
     return mock.patch.object(
         AOTAutogradCache, "_usable", classmethod(lambda cls, candidate: True)
+    )
+
+
+def _standalone_twice(**refusals: Callable[..., bool]) -> Any:
+    """standalone_compile one graph on fresh caches (AOTAutograd's and the FX-graph
+    cache on, unbundled as vLLM's standalone path has them), then again with the
+    collective ``refusals`` patched into hooks: the second compile's artifact."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor.kernel.collective import hooks
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) + 1)
+
+    def compile_once() -> Any:
+        return torch._inductor.standalone_compile(
+            gm, [torch.randn(4)], dynamic_shapes="from_example_inputs", options={}
+        )
+
+    with (
+        fresh_inductor(),
+        config.patch(fx_graph_cache=True),
+        functorch_config.patch(
+            enable_autograd_cache=True, bundled_autograd_cache=False
+        ),
+    ):
+        compile_once()
+        with contextlib.ExitStack() as stack:
+            for name, refusal in refusals.items():
+                stack.enter_context(mock.patch.object(hooks, name, refusal))
+            return compile_once()
+
+
+def check_refused_hits_leave_one_artifact() -> None:
+    """A cache lookup records the entry it finds (CacheArtifactManager's
+    _new_cache_artifacts and _seen_artifacts, by type and key) before the group's check
+    or the FX graphs' load: a hit refused there (group_takes_cached_entry /
+    group_takes_cached_graph) or whose FX graph the gate passes over
+    (cached_graph_usable) is taken out, so standalone_compile's artifact holds exactly
+    one AOTAutograd entry, as vLLM's InductorStandaloneAdaptor requires."""
+    from torch._inductor.kernel.collective import graph_sessions
+
+    def refuses(decisions: Any) -> bool:
+        return False
+
+    with mock.patch.object(graph_sessions, "group_takes_cached_graph", refuses):
+        refused = _standalone_twice()
+    passed_over = _standalone_twice(cached_graph_usable=lambda graph: False)
+    for what, artifact in (("refused", refused), ("passed over", passed_over)):
+        if not artifact.is_saveable():
+            raise ContractBroken(
+                f"a cache hit {what} left an unsaveable artifact: "
+                f"{artifact._artifacts and artifact._artifacts[1]}"
+            )
+
+
+def break_recorded_artifacts() -> contextlib.AbstractContextManager[Any]:
+    from torch.compiler._cache import CacheArtifactManager
+
+    record = CacheArtifactManager.record_artifact.__func__
+
+    def record_numbered(cls: Any, artifact_type: str, key: str, content: Any) -> None:
+        # Upstream recording each entry under a name of its own, not its cache key.
+        number = len(cls._new_cache_artifacts.get(artifact_type, []))
+        record(cls, artifact_type, f"{key}/{number}", content)
+
+    return mock.patch.object(
+        CacheArtifactManager, "record_artifact", classmethod(record_numbered)
     )
 
 
@@ -1762,6 +1834,31 @@ def break_cache_dir() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_default_cache_dir() -> None:
+    """default_cache_dir() does not follow TORCHINDUCTOR_CACHE_DIR: the decisions kept
+    under it (collective_decisions.decisions_dir) outlive an engine's move of that."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    before = cache_dir_utils.default_cache_dir()
+    with (
+        tempfile.TemporaryDirectory() as root,
+        mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": root}),
+    ):
+        if cache_dir_utils.default_cache_dir() != before:
+            raise ContractBroken(
+                f"default_cache_dir() moved with TORCHINDUCTOR_CACHE_DIR to {root}"
+            )
+
+
+def break_default_cache_dir() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.runtime import cache_dir_utils
+
+    # default_cache_dir() reading TORCHINDUCTOR_CACHE_DIR as cache_dir() does.
+    return mock.patch.object(
+        cache_dir_utils, "default_cache_dir", cache_dir_utils.cache_dir
+    )
+
+
 def check_fresh_cache_clears() -> None:
     """What clear_on_fresh_cache registers is cleared by fresh_cache()."""
     from torch._inductor.utils import clear_on_fresh_cache, fresh_cache
@@ -2226,6 +2323,14 @@ CONTRACTS: list[Contract] = [
         needs_overlay=True,
     ),
     Contract(
+        "a cache hit refused after its lookup recorded it leaves one artifact "
+        "(CacheArtifactManager's records by type and key)",
+        "recorded_artifacts.forget",
+        check_refused_hits_leave_one_artifact,
+        break_recorded_artifacts,
+        needs_overlay=True,
+    ),
+    Contract(
         "a backend sees whether Dynamo checks the guards it adds (frame hooks, "
         "SHAPE_ENV guard, guard filters, aot_compile)",
         "range_graphs.unchecked_guards",
@@ -2445,6 +2550,12 @@ CONTRACTS: list[Contract] = [
         break_atomic_writes,
     ),
     Contract("cache_dir()", "collective_decisions", check_cache_dir, break_cache_dir),
+    Contract(
+        "default_cache_dir() does not follow TORCHINDUCTOR_CACHE_DIR",
+        "collective_decisions.decisions_dir",
+        check_default_cache_dir,
+        break_default_cache_dir,
+    ),
     Contract(
         "clear_on_fresh_cache registers what fresh_cache clears",
         "collective/records.py",

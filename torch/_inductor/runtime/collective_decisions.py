@@ -1,6 +1,6 @@
 """Collective autotuning decisions kept on disk, so that a restart need not re-tune.
 
-Each decision is a small JSON file under ``<cache dir>/collective_autotuning/decisions``
+Each decision is a small JSON file under :func:`decisions_dir`
 named by a digest of its key and of the environment it was measured in. An unreadable
 or foreign file is a miss, never an error. A group uses a decision from disk only when
 every rank read the identical entry."""
@@ -180,13 +180,21 @@ def _interconnect(index: int) -> str:
     return "pcie"
 
 
+def decisions_dir() -> Path:
+    """Where decisions are kept: ``collective_autotune_decisions_dir``, else under
+    Inductor's default cache dir, not TORCHINDUCTOR_CACHE_DIR: an engine moves that per
+    config (vLLM: a folder per config hash), and a decision outlives its config."""
+    from torch._inductor import config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if config.collective_autotune_decisions_dir:
+        return Path(config.collective_autotune_decisions_dir)
+    return Path(default_cache_dir()) / "collective_autotuning" / "decisions"
+
+
 class DecisionStore:
     def __init__(self, root: Path | None = None) -> None:
-        if root is None:
-            from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-            root = Path(cache_dir()) / "collective_autotuning" / "decisions"
-        self.root = root
+        self.root = decisions_dir() if root is None else root
 
     def load(self, key: str, env: Environment) -> StoredDecision | None:
         decision = self._read(self._path(key, env), StoredDecision)

@@ -9,10 +9,12 @@ miss, so that a warm rank never skips a session its cold peers wait in."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -812,6 +814,27 @@ def _sites_of(
     return sites
 
 
+# True while an engine loads a compiled artifact it saved (loading_saved_artifact).
+_loading_saved: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "loading_saved_collective_artifact", default=False
+)
+
+
+@contextlib.contextmanager
+def loading_saved_artifact() -> Iterator[None]:
+    """While an engine loads an artifact it saved (standalone_compile's
+    CompiledArtifact.load): its graphs run the decisions they were saved with,
+    provisional ones and those this job decided otherwise included, where environment
+    and code are unchanged. Such a load compiles nothing to fall back on, and refusing
+    its entry fails it (vLLM's standalone path); a provisional decision is timed again
+    when the engine next compiles."""
+    token = _loading_saved.set(True)
+    try:
+        yield
+    finally:
+        _loading_saved.reset(token)
+
+
 def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
     """Whether this rank alone can use a cached graph inlining ``decisions``: none
     provisional, all made in this environment for today's code. No network: the cache
@@ -825,12 +848,15 @@ def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
     if unguarded is not None:
         log.info("a cached graph is passed over: %s", unguarded)
         return False
+    saved = _loading_saved.get()
     for (group_name, _), inlined in sorted(sites.items()):
         group = _resolve(group_name)
         why_not = (
             f"it was compiled for group {group_name}, which this job does not have"
             if group is None
-            else _why_not_loadable(group, inlined, _held_here(group, inlined))
+            else _why_not_loadable(
+                group, inlined, {} if saved else _held_here(group, inlined), saved
+            )
         )
         if why_not:
             log.info("a cached graph is passed over: %s", why_not)
@@ -852,7 +878,8 @@ def _held_here(
 
 def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
     """Whether every group whose decisions a cache hit inlines takes them: decided so
-    already in this attempt, or every rank loaded this same graph. False turns the hit
+    already in this attempt, or every rank loaded this same graph, or it is part of an
+    artifact the engine saved (loading_saved_artifact). False turns the hit
     into a miss; the session joined passes to the compile that follows. Called after
     the cache lookup, before a hit is used, so that the lookup does no network."""
     if not decisions:
@@ -868,8 +895,11 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
 
     dynamo_callbacks.install(compiling=True)
     settings = BenchmarkSettings.from_config()
+    # An artifact the engine saved is each rank's own to load (cached_graph_usable
+    # checked it): no vote, as for a model loaded whole (aot_compile).
+    saved = _loading_saved.get()
     for (group_name, plan), inlined in sorted(sites.items()):
-        if not _group_loads(group_name, plan, inlined, settings):
+        if not saved and not _group_loads(group_name, plan, inlined, settings):
             return False
     for decision in decisions:
         _keep_cached(decision)
@@ -939,14 +969,16 @@ def _why_not_loadable(
     group: ProcessGroup,
     inlined: list[InlinedDecision],
     held: dict[str, GroupChoice | None],
+    provisional_ok: bool = False,
 ) -> str:
     """Why this rank cannot load the cached decisions ``inlined``, or "": the group
-    decided otherwise (``held``), one is provisional, or environment or code changed."""
+    decided otherwise (``held``), one is provisional (unless ``provisional_ok``), or
+    environment or code changed."""
     for d in inlined:
         holds = held.get(d.key)
         if holds is not None and holds != GroupChoice(d.winner, d.provisional):
             return f"it inlines {d.winner} for {d.op}, the group decided {holds.winner}"
-        if d.provisional and holds is None:
+        if d.provisional and holds is None and not provisional_ok:
             return (
                 f"its decision for {d.op} was provisional in an earlier job (a "
                 "fallback, or timed without confidence)"

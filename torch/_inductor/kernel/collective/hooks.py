@@ -21,6 +21,7 @@ import torch
 from torch._inductor.kernel.collective import (
     dynamo_callbacks,
     graph_sessions,
+    recorded_artifacts,
     selection,
 )
 from torch._inductor.kernel.collective.choice_modules import (
@@ -63,7 +64,10 @@ from torch._inductor.kernel.collective.ladder_lowering import (
     Probing,
     tuned_ranges,
 )
-from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
+from torch._inductor.kernel.collective.graph_sessions import (
+    inlined_decisions,
+    loading_saved_artifact,
+)
 from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
     collective_autotune_size_paths,
@@ -101,10 +105,12 @@ __all__ = [
     "collective_output_node",
     "detect_collective",
     "dynamic_ladder",
+    "forget_recorded",
     "format_record",
     "group_takes_cached_entry",
     "group_takes_cached_graph",
     "inlined_decisions",
+    "loading_saved_artifact",
     "lower_size_dispatch",
     "lowered_once",
     "note_registration",
@@ -358,10 +364,14 @@ def cached_graph_usable(graph: CompiledFxGraph) -> bool:
     return graph_sessions.cached_graph_usable(graph.collective_decisions)
 
 
-def group_takes_cached_graph(graph: CompiledFxGraph) -> bool:
-    """For ``FxGraphCache.load_with_key``'s hit: whether each decision's group takes it
-    (every rank loaded the same graph). False: a miss, which the group compiles."""
-    return graph_sessions.group_takes_cached_graph(graph.collective_decisions)
+def group_takes_cached_graph(graph: CompiledFxGraph, key: str) -> bool:
+    """For ``FxGraphCache.load_with_key``'s hit of ``key``: whether each decision's group
+    takes it (every rank loaded the same graph). False: a miss, which the group
+    compiles, and the hit is no artifact of this compile (recorded_artifacts)."""
+    if graph_sessions.group_takes_cached_graph(graph.collective_decisions):
+        return True
+    recorded_artifacts.forget("inductor", key)
+    return False
 
 
 def cached_entry_usable(entry: Any) -> bool:
@@ -369,11 +379,21 @@ def cached_entry_usable(entry: Any) -> bool:
     return all(cached_graph_usable(graph) for graph in _bundled_graphs(entry))
 
 
-def group_takes_cached_entry(entry: Any) -> bool:
+def group_takes_cached_entry(entry: Any, key: str) -> bool:
     """:func:`group_takes_cached_graph` for an AOTAutograd cache hit's graphs."""
-    return graph_sessions.group_takes_cached_graph(
+    if graph_sessions.group_takes_cached_graph(
         [d for graph in _bundled_graphs(entry) for d in graph.collective_decisions]
-    )
+    ):
+        return True
+    recorded_artifacts.forget("aot_autograd", key)
+    return False
+
+
+def forget_recorded(artifact_type: str, key: str) -> None:
+    """For AOTAutogradCache.try_load's hit whose compiled graphs were not found (an FX
+    graph whose decisions this rank cannot take): the entry is no artifact of this
+    compile (recorded_artifacts)."""
+    recorded_artifacts.forget(artifact_type, key)
 
 
 def _bundled_graphs(entry: Any) -> list[CompiledFxGraph]:
