@@ -268,16 +268,29 @@ def _dispatch_from(
 
     def choose(*tensors: Any) -> Any:
         # The HOP, not torch.cond, which would nest a Dynamo compile whose cache
-        # outlives this graph. Branches must return tuples.
+        # outlives this graph. Branches must return tuples. The tensors' size symbols
+        # are operands too, so that each branch's code binds them from its inputs
+        # (else only a size assert binds them: none under size_asserts=False).
+        n = len(tensors)
         out = torch.ops.higher_order.cond(
             tensors[0].size(dim) <= top,
-            lambda *t: _as_tuple(taken(*t)),
-            lambda *t: _as_tuple(rest(*t)),
-            tuple(tensors),
+            lambda *args: _as_tuple(taken(*args[:n])),
+            lambda *args: _as_tuple(rest(*args[:n])),
+            (*tensors, *_size_symbols(tensors)),
         )
         return out[0] if len(out) == 1 else tuple(out)
 
     return choose
+
+
+def _size_symbols(tensors: Sequence[Any]) -> list[torch.SymInt]:
+    """Each distinct symbol among ``tensors``' sizes, as the SymInt that holds it."""
+    found: dict[str, torch.SymInt] = {}
+    for t in tensors:
+        for size in t.size():
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                found.setdefault(str(size.node.expr), size)
+    return list(found.values())
 
 
 def _as_tuple(out: Any) -> tuple[Any, ...]:
