@@ -445,6 +445,61 @@ def break_bundled_cache_entries() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_graph_loads_let_the_groups_errors_out() -> None:
+    """A CollectiveAutotuneError that the group's check of a cached FX graph
+    (group_takes_cached_graph) raises while AOTAutogradCache loads a hit, its entry's
+    graphs loaded from the FX-graph cache, reaches the caller: AOTAutogradCache.try_load
+    turns any other error of that load into a bypass, on this rank alone."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
+
+    raised: list[Any] = []
+
+    def fails_once(graph: Any) -> bool:
+        # Only the load inside try_load: after a bypass, the compile's own lookup of
+        # the graph is taken, and the compile succeeds.
+        if raised:
+            return True
+        raised.append(graph)
+        raise CollectiveAutotuneError("the group is gone")
+
+    with (
+        functorch_config.patch(
+            enable_autograd_cache=True, bundled_autograd_cache=False
+        ),
+        mock.patch.object(hooks, "group_takes_cached_graph", fails_once),
+    ):
+        try:
+            _compile_twice()
+        except Exception as e:  # Dynamo wraps what the backend raised
+            if not isinstance(e, CollectiveAutotuneError) and not isinstance(
+                e.__cause__ or e.__context__, CollectiveAutotuneError
+            ):
+                raise ContractBroken(f"the group's error became {e!r}") from e
+        else:
+            if not raised:
+                raise ContractBroken(
+                    "loading an AOTAutograd hit asked no graph's group"
+                )
+            raise ContractBroken(
+                "the group's error while loading a hit's graph became a bypass"
+            )
+
+
+def break_graph_loads_let_the_groups_errors_out() -> contextlib.AbstractContextManager[
+    Any
+]:
+    from torch._inductor.kernel.collective import hooks
+
+    # try_load without the hunk that lets the group's error out: the error it catches
+    # as the group's is another class than the one raised.
+    class OtherError(Exception):
+        pass
+
+    return mock.patch.object(hooks, "CollectiveAutotuneError", OtherError)
+
+
 def check_compiled_graphs_record_decisions() -> None:
     """CompiledFxGraph has a collective_decisions field, filled from the graph lowered."""
     from torch._inductor.kernel.collective import hooks
@@ -2231,6 +2286,13 @@ CONTRACTS: list[Contract] = [
         "range_graphs.unchecked_guards",
         check_backends_see_whether_guards_are_checked,
         break_frame_hooks,
+        needs_overlay=True,
+    ),
+    Contract(
+        "AOTAutogradCache lets the group's error out of loading a hit's FX graph",
+        "graph_sessions.group_takes_cached_graph",
+        check_graph_loads_let_the_groups_errors_out,
+        break_graph_loads_let_the_groups_errors_out,
         needs_overlay=True,
     ),
     Contract(
