@@ -100,9 +100,10 @@ rest = COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/$(2)/2:$(PASSED)/$(2)/4 \
 	$(1)/bin/python $(PYTEST) $(3) $(if $(4),-k "$(4)")
 
 # Lint; torch 2.14's rank tests on 2 and 4 gloo ranks; then its self-spawned rest beside
-# the other torches' lanes, one after the other: much of the rest waits (timeouts, killed
-# ranks, restarts), and they share no state (each torchrun on a free port).
-BESIDE_REST := test-other-torches
+# the 2.15 lane and beside the 2.13 and 2.11 lanes (one after the other): much of the rest
+# waits (timeouts, killed ranks, restarts), and the lanes share no state (each torchrun
+# on a free port). A lane added to BESIDE_REST runs beside them.
+BESIDE_REST := test-2.15 test-older-minors
 test: venvs
 	$(MAKE) lint overlay overlay-2.15 overlay-2.13 overlay-2.11
 	rm -rf $(PASSED)/2.14
@@ -114,8 +115,7 @@ test: venvs
 test-2.14-rest:
 	$(call rest,$(VENV),2.14,test,)
 
-test-other-torches:
-	$(MAKE) test-2.15
+test-older-minors:
 	$(MAKE) test-2.13
 	$(MAKE) test-2.11
 
