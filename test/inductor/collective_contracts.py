@@ -1725,6 +1725,52 @@ def break_functional_all_reduce_lowering() -> contextlib.AbstractContextManager[
     )
 
 
+# Eager autograd's wrapper of a functional collective's output: never traced.
+_AUTOGRAD_WRAPPER = "_c10d_functional::_wrap_tensor_autograd"
+
+
+def check_functional_ops_communicate_or_wait() -> None:
+    """Every op of the _c10d_functional namespace communicates (COLLECTIVE_OPS) or waits
+    (waits.is_wait: wait_tensor, and from torch 2.15 on wait_tensors, a list's wait),
+    but eager autograd's wrapper: with_waits and unwaited_collective tell a collective,
+    whose output needs a wait, from a wait by these."""
+    import torch.distributed  # registers the namespace's ops
+    from torch._inductor.kernel.collective.waits import is_wait
+    from torch._inductor.runtime.collective_benchmarking import is_collective_op
+
+    names = {
+        name.split(".")[0]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("_c10d_functional::")
+    }
+    unknown = []
+    for name in sorted(names - {_AUTOGRAD_WRAPPER}):
+        packet = getattr(torch.ops._c10d_functional, name.split("::")[1], None)
+        if packet is not None and (
+            is_collective_op(packet)
+            or any(is_wait(getattr(packet, o)) for o in packet.overloads())
+        ):
+            continue
+        unknown.append(name)
+    if unknown:
+        raise ContractBroken(
+            f"functional ops that neither communicate nor wait, as far as collective "
+            f"autotuning knows: {unknown}"
+        )
+
+
+def break_functional_ops_communicate_or_wait() -> contextlib.AbstractContextManager[
+    Any
+]:
+    # A new op in the namespace (a wait of another name, say).
+    original = torch._C._dispatch_get_all_op_names
+    return mock.patch.object(
+        torch._C,
+        "_dispatch_get_all_op_names",
+        lambda: [*original(), "_c10d_functional::wait_tensors_async"],
+    )
+
+
 def check_traced_with_decompositions() -> None:
     """make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")
     traces Inductor's decompositions (hardswish to pointwise ops), at symbolic sizes."""
@@ -2479,6 +2525,13 @@ CONTRACTS: list[Contract] = [
         "choice_modules.costs_alike_uncompiled",
         check_functional_all_reduce_lowering,
         break_functional_all_reduce_lowering,
+    ),
+    Contract(
+        "every functional collective op communicates or waits (wait_tensor, "
+        "wait_tensors)",
+        "waits.is_wait, waits.is_functional_collective",
+        check_functional_ops_communicate_or_wait,
+        break_functional_ops_communicate_or_wait,
     ),
     Contract(
         "a custom op without a lowering is lowered as a fallback (lowerings, fallbacks)",
