@@ -3,12 +3,12 @@
 #   make test   the test suite (multi-process, real gloo process groups)
 # Afterwards .venv/bin/python and .venv/bin/torchrun are the patched environment
 # (torch 2.14.1, vLLM's pin, from this machine's disk). Each torch a user runs has a lane:
-#   .venv       2.14.1  vLLM 0.33's pin: every test, on 2 and 4 ranks
-#   .venv-2.15  2.15.0  the newest release, what `pip install torch` gives: the whole
-#                       rank suite, the overlay, the contracts, the units
-#   .venv-2.13  2.13.0  SGLang's and TensorRT-LLM's pin  } the overlay, the contracts,
-#   .venv-2.11  2.11.0  the GPU machines' torch          } the units, the dynamic-size
-#                       tests, upstream's test patterns, ops that do not communicate
+#   .venv-2.15  2.15.0  the newest release, what `pip install torch` gives: every
+#                       test, on 2 and 4 ranks
+#   .venv       2.14.1  vLLM 0.33's pin (the default)  } the overlay, the contracts,
+#   .venv-2.13  2.13.0  SGLang's, TensorRT-LLM's pin   } the units, the dynamic-size
+#   .venv-2.11  2.11.0  the GPU machines' torch        } tests, upstream's test patterns,
+#                                                      } ops that do not communicate
 
 PYTHON ?= python3
 VENV := .venv
@@ -22,7 +22,7 @@ VENV_215 := .venv-2.15
 VPY_215 := $(VENV_215)/bin/python
 NPROC ?= 2
 
-.PHONY: demo test lint venvs test-2.15 test-2.13 test-2.11 test-2.14-rest test-older-minors overlay unoverlay gpu-demo gpu-test
+.PHONY: demo test lint venvs test-2.15-rest test-2.14 test-2.13 test-2.11 test-older-minors overlay unoverlay gpu-demo gpu-test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,10 +66,10 @@ demo: overlay
 # spawned rank paid up to 30 s for it on torch 2.11. The tests take the ISAs as the CPU
 # lists them (gcc 12 builds each); a value set by the caller wins. The demo and the GPU
 # targets keep Inductor's default.
-test test-2.15 test-2.13 test-2.11 test-2.14-rest: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
+test test-2.15-rest test-2.14 test-2.13 test-2.11: export TORCHINDUCTOR_VEC_ISA_OK ?= 1
 # Each rank's compile would start a pool of compile workers, each importing torch anew:
 # on 2 cores they cost more CPU than they save. A value set by the caller wins.
-test test-2.15 test-2.13 test-2.11 test-2.14-rest: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
+test test-2.15-rest test-2.14 test-2.13 test-2.11: export TORCHINDUCTOR_COMPILE_THREADS ?= 1
 # The files whose tests run on ranks: under torchrun every process is a rank and each
 # test's body runs in it (cases of another world size skip there). Their tests that use
 # no rank are marked single_process and skip under torchrun.
@@ -99,23 +99,24 @@ ranks = COLLECTIVE_TESTS_RECORD_PASSED=$(PASSED)/$(2)/$(3) $(1)/bin/torchrun \
 rest = COLLECTIVE_TESTS_SKIP_PASSED=$(PASSED)/$(2)/2:$(PASSED)/$(2)/4 \
 	$(1)/bin/python $(PYTEST) $(3) $(if $(4),-k "$(4)")
 
-# Lint; torch 2.14's rank tests on 2 and 4 gloo ranks; then its self-spawned rest beside
-# the 2.15 lane and beside the 2.13 and 2.11 lanes (one after the other): much of the rest
-# waits (timeouts, killed ranks, restarts), and the lanes share no state (each torchrun
-# on a free port). A lane added to BESIDE_REST runs beside them.
-BESIDE_REST := test-2.15 test-older-minors
+# Lint; torch 2.15's rank tests on 2 and 4 gloo ranks (the newest release runs every
+# test); then its self-spawned rest beside the 2.14, 2.13 and 2.11 lanes, one after the
+# other: much of the rest waits (timeouts, killed ranks, restarts), and the lanes share
+# no state (each torchrun on a free port). A lane added to BESIDE_REST runs beside them.
+BESIDE_REST := test-older-minors
 test: venvs
 	$(MAKE) lint overlay overlay-2.15 overlay-2.13 overlay-2.11
-	rm -rf $(PASSED)/2.14
-	$(call ranks,$(VENV),2.14,2,$(RANK_TESTS),)
-	$(call ranks,$(VENV),2.14,4,$(RANK_TESTS),)
-	$(MAKE) -j$(words test-2.14-rest $(BESIDE_REST)) --output-sync=target \
-		test-2.14-rest $(BESIDE_REST)
+	rm -rf $(PASSED)/2.15
+	$(call ranks,$(VENV_215),2.15,2,$(RANK_TESTS),)
+	$(call ranks,$(VENV_215),2.15,4,$(RANK_TESTS),)
+	$(MAKE) -j$(words test-2.15-rest $(BESIDE_REST)) --output-sync=target \
+		test-2.15-rest $(BESIDE_REST)
 
-test-2.14-rest:
-	$(call rest,$(VENV),2.14,test,)
+test-2.15-rest:
+	$(call rest,$(VENV_215),2.15,test,)
 
 test-older-minors:
+	$(MAKE) test-2.14
 	$(MAKE) test-2.13
 	$(MAKE) test-2.11
 
@@ -129,21 +130,24 @@ MINOR_TESTS := test/tools/test_overlay.py test/distributed/test_store_session.py
 	test/inductor/test_collective_op_tuning_conformance.py \
 	test/inductor/test_collective_op_tuning_noncollective.py \
 	test/inductor/test_collective_op_tuning.py
-# Four ranks run on 2.14 only.
+# Four ranks run on 2.15 only.
 MINOR_SELECT := (overlay or StoreSession or contract or units or dynamic or split or mix or each_size_range or warm_up_compiles or reads_its_size or Upstream or noncollective or switched_off or one_winner) and not world_size_4
 
 MINOR_RANK_TESTS = $(filter $(RANK_TESTS),$(MINOR_TESTS))
 
-# The newest release: the whole rank suite on 2 ranks, then the minors' selection.
-test-2.15: overlay-2.15
-	rm -rf $(PASSED)/2.15
-	$(call ranks,$(VENV_215),2.15,2,$(RANK_TESTS),)
-	$(call rest,$(VENV_215),2.15,$(MINOR_TESTS),$(MINOR_SELECT))
+# $(1) venv, $(2) minor: the minors' selection, its rank tests under torchrun on 2 ranks
+# first, then the rest self-spawned.
+define minor_lane
+	rm -rf $(PASSED)/$(2)
+	$(call ranks,$(1),$(2),2,$(MINOR_RANK_TESTS),$(MINOR_SELECT))
+	$(call rest,$(1),$(2),$(MINOR_TESTS),$(MINOR_SELECT))
+endef
+
+test-2.14: overlay
+	$(call minor_lane,$(VENV),2.14)
 
 test-2.13 test-2.11: test-%: overlay-%
-	rm -rf $(PASSED)/$*
-	$(call ranks,.venv-$*,$*,2,$(MINOR_RANK_TESTS),$(MINOR_SELECT))
-	$(call rest,.venv-$*,$*,$(MINOR_TESTS),$(MINOR_SELECT))
+	$(call minor_lane,.venv-$*,$*)
 
 # On a GPU machine whose system python3 already has torch (no network, no venv).
 gpu-demo:
