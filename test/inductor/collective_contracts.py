@@ -517,6 +517,61 @@ def break_recorded_artifacts() -> contextlib.AbstractContextManager[Any]:
     )
 
 
+def check_graph_loads_let_the_groups_errors_out() -> None:
+    """A CollectiveAutotuneError that the group's check of a cached FX graph
+    (group_takes_cached_graph) raises while AOTAutogradCache loads a hit, its entry's
+    graphs loaded from the FX-graph cache, reaches the caller: AOTAutogradCache.try_load
+    turns any other error of that load into a bypass, on this rank alone."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
+
+    raised: list[Any] = []
+
+    def fails_once(graph: Any, *key: Any) -> bool:
+        # Only the load inside try_load: after a bypass, the compile's own lookup of
+        # the graph is taken, and the compile succeeds.
+        if raised:
+            return True
+        raised.append(graph)
+        raise CollectiveAutotuneError("the group is gone")
+
+    with (
+        functorch_config.patch(
+            enable_autograd_cache=True, bundled_autograd_cache=False
+        ),
+        mock.patch.object(hooks, "group_takes_cached_graph", fails_once),
+    ):
+        try:
+            _compile_twice()
+        except Exception as e:  # Dynamo wraps what the backend raised
+            if not isinstance(e, CollectiveAutotuneError) and not isinstance(
+                e.__cause__ or e.__context__, CollectiveAutotuneError
+            ):
+                raise ContractBroken(f"the group's error became {e!r}") from e
+        else:
+            if not raised:
+                raise ContractBroken(
+                    "loading an AOTAutograd hit asked no graph's group"
+                )
+            raise ContractBroken(
+                "the group's error while loading a hit's graph became a bypass"
+            )
+
+
+def break_graph_loads_let_the_groups_errors_out() -> contextlib.AbstractContextManager[
+    Any
+]:
+    from torch._inductor.kernel.collective import hooks
+
+    # try_load without the hunk that lets the group's error out: the error it catches
+    # as the group's is another class than the one raised.
+    class OtherError(Exception):
+        pass
+
+    return mock.patch.object(hooks, "CollectiveAutotuneError", OtherError)
+
+
 def check_compiled_graphs_record_decisions() -> None:
     """CompiledFxGraph has a collective_decisions field, filled from the graph lowered."""
     from torch._inductor.kernel.collective import hooks
@@ -1742,6 +1797,52 @@ def break_functional_all_reduce_lowering() -> contextlib.AbstractContextManager[
     )
 
 
+# Eager autograd's wrapper of a functional collective's output: never traced.
+_AUTOGRAD_WRAPPER = "_c10d_functional::_wrap_tensor_autograd"
+
+
+def check_functional_ops_communicate_or_wait() -> None:
+    """Every op of the _c10d_functional namespace communicates (COLLECTIVE_OPS) or waits
+    (waits.is_wait: wait_tensor, and from torch 2.15 on wait_tensors, a list's wait),
+    but eager autograd's wrapper: with_waits and unwaited_collective tell a collective,
+    whose output needs a wait, from a wait by these."""
+    import torch.distributed  # registers the namespace's ops
+    from torch._inductor.kernel.collective.waits import is_wait
+    from torch._inductor.runtime.collective_benchmarking import is_collective_op
+
+    names = {
+        name.split(".")[0]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("_c10d_functional::")
+    }
+    unknown = []
+    for name in sorted(names - {_AUTOGRAD_WRAPPER}):
+        packet = getattr(torch.ops._c10d_functional, name.split("::")[1], None)
+        if packet is not None and (
+            is_collective_op(packet)
+            or any(is_wait(getattr(packet, o)) for o in packet.overloads())
+        ):
+            continue
+        unknown.append(name)
+    if unknown:
+        raise ContractBroken(
+            f"functional ops that neither communicate nor wait, as far as collective "
+            f"autotuning knows: {unknown}"
+        )
+
+
+def break_functional_ops_communicate_or_wait() -> contextlib.AbstractContextManager[
+    Any
+]:
+    # A new op in the namespace (a wait of another name, say).
+    original = torch._C._dispatch_get_all_op_names
+    return mock.patch.object(
+        torch._C,
+        "_dispatch_get_all_op_names",
+        lambda: [*original(), "_c10d_functional::wait_tensors_async"],
+    )
+
+
 def check_traced_with_decompositions() -> None:
     """make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")
     traces Inductor's decompositions (hardswish to pointwise ops), at symbolic sizes."""
@@ -2339,6 +2440,13 @@ CONTRACTS: list[Contract] = [
         needs_overlay=True,
     ),
     Contract(
+        "AOTAutogradCache lets the group's error out of loading a hit's FX graph",
+        "graph_sessions.group_takes_cached_graph",
+        check_graph_loads_let_the_groups_errors_out,
+        break_graph_loads_let_the_groups_errors_out,
+        needs_overlay=True,
+    ),
+    Contract(
         "CompiledFxGraph records the collective decisions its graph inlines",
         "graph_sessions.inlined_decisions",
         check_compiled_graphs_record_decisions,
@@ -2522,6 +2630,13 @@ CONTRACTS: list[Contract] = [
         "choice_modules.costs_alike_uncompiled",
         check_functional_all_reduce_lowering,
         break_functional_all_reduce_lowering,
+    ),
+    Contract(
+        "every functional collective op communicates or waits (wait_tensor, "
+        "wait_tensors)",
+        "waits.is_wait, waits.is_functional_collective",
+        check_functional_ops_communicate_or_wait,
+        break_functional_ops_communicate_or_wait,
     ),
     Contract(
         "a custom op without a lowering is lowered as a fallback (lowerings, fallbacks)",

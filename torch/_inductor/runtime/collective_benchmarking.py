@@ -47,7 +47,7 @@ def _packets(namespace: str, names: str) -> frozenset[str]:
     return frozenset(f"{namespace}::{name}" for name in names.split())
 
 
-# The ops that communicate, by OpOverloadPacket name (torch 2.11 to 2.14). Exact names
+# The ops that communicate, by OpOverloadPacket name (torch 2.11 to 2.15). Exact names
 # (``aten::broadcast_to`` is none); a user's op communicates when its implementations
 # call these (kernel/collective/detection.py).
 COLLECTIVE_OPS: frozenset[str] = (
