@@ -882,8 +882,8 @@ def _unchecked_guards_seen(compile_model: Callable[[Callable], Any]) -> list[Any
 
 
 def check_backends_see_whether_guards_are_checked() -> None:
-    """A backend sees the hooks of the frame Dynamo compiles
-    (convert_frame.compiling_frame_hooks, patch 0010) and the frame's SHAPE_ENV guard in
+    """A backend sees the hooks of the frame Dynamo compiles (the frame's
+    CompileContext.frame_hooks, patch 0010) and the frame's SHAPE_ENV guard in
     its tracing context; make_guard_filter_entry builds that guard's entry without a
     builder, and the guard filters keep or drop it; aot_compile's backend call and a
     backend's own tracing context have neither (range_graphs.unchecked_guards)."""
@@ -926,9 +926,14 @@ def check_backends_see_whether_guards_are_checked() -> None:
 
 def break_frame_hooks() -> contextlib.AbstractContextManager[Any]:
     from torch._dynamo.hooks import Hooks
+    from torch._guards import CompileContext
 
-    return mock.patch(
-        "torch._dynamo.convert_frame.compiling_frame_hooks", lambda: Hooks()
+    # The frame's hooks no longer kept: every compile context reads default hooks.
+    return mock.patch.object(
+        CompileContext,
+        "frame_hooks",
+        property(lambda self: Hooks(), lambda self, value: None),
+        create=True,
     )
 
 

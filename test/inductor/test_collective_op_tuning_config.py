@@ -103,9 +103,9 @@ class TestConfiguration(TestCase):
                 "collective_benchmark_timeout=0: seconds, > 0",
             ),
             (
-                {"collective_benchmark_nruns": 0},
+                {"collective_benchmark_rounds": 0},
                 "",
-                "collective_benchmark_nruns=0: an int >= 1",
+                "collective_benchmark_rounds=0: an int >= 1",
             ),
             (
                 {"collective_benchmark_mode": "fast"},
@@ -142,7 +142,7 @@ class TestConfiguration(TestCase):
         [
             ("collective_benchmark_warmup", (5, 6)),
             ("collective_benchmark_sample_us", (1000.0, 5000.0)),
-            ("collective_benchmark_nruns", (3, 20)),
+            ("collective_benchmark_rounds", (3, 20)),
         ],
     )
     def test_settings_that_differ_between_ranks_fail_every_rank_naming_the_variable(

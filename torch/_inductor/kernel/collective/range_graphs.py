@@ -115,7 +115,7 @@ def unchecked_guards() -> str | None:
     """Why this compile's shape guards will not be checked before each call with a
     recompile on failure (guard filters, aot/standalone compile, export); None if so."""
     from torch._dynamo import eval_frame
-    from torch._dynamo.convert_frame import compiling_frame_hooks
+    from torch._guards import CompileContext
 
     context = torch._guards.TracingContext.try_get()
     if context is None:
@@ -130,7 +130,8 @@ def unchecked_guards() -> str | None:
         ),
         None,
     )
-    hooks = compiling_frame_hooks()
+    compile_context = CompileContext.try_get()
+    hooks = compile_context.frame_hooks if compile_context is not None else None
     if shape_guard is None or hooks is None:
         return (
             "the graph is not compiled by a Dynamo frame's guarded compile "
