@@ -265,7 +265,7 @@ class RankRun:
         return self.liveness.waits
 
 
-SETTINGS = {"collective_benchmark_timeout": 30.0, "collective_benchmark_nruns": 20}
+SETTINGS = {"collective_benchmark_timeout": 30.0, "collective_benchmark_rounds": 20}
 
 
 def _report(key: str, decided: str | None) -> dict:

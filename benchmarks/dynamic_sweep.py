@@ -48,7 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
+import math
 import time
 from typing import Any
 from collections.abc import Sequence
@@ -195,7 +195,6 @@ class LadderRange:
         return self.start <= tokens <= self.end
 
 
-_RANGE = re.compile(r"_range_(\d+)_(\d+|inf)$")
 _SECONDS = ("build_s", "tuning_s")
 
 
@@ -216,14 +215,14 @@ class Ladder:
 
 def ladder_of(records: Sequence[Any], group_name: str, device: torch.device) -> Ladder:
     """The ladder of one compile, from its records."""
-    own = sorted(
-        (
-            (int(m[1]), float(m[2]), r)
-            for r in records
-            if (m := _RANGE.search(r.op)) and r.group_name == group_name
-        ),
-        key=lambda found: found[0],
+    probes = sorted(
+        (r for r in records if r.size is not None and r.group_name == group_name),
+        key=lambda r: r.size,
     )
+    # Each probe decides the sizes above the one below it; the last, every larger.
+    starts = [1, *(r.size + 1 for r in probes[:-1])]
+    ends = [*(float(r.size) for r in probes[:-1]), math.inf]
+    own = list(zip(starts, ends, probes))
     if not own:
         raise RuntimeError(
             f"no ladder ranges among the records of group {group_name}: "

@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PATCHES = REPO / "patches"
 SERIES = PATCHES / "series"
-SUPPORTED = ("2.11", "2.13", "2.14")
+SUPPORTED = ("2.11", "2.13", "2.14", "2.15")
 STATE_DIR = ".collective_autotuning_overlay"
 CONTRACTS = Path("test") / "inductor" / "collective_contracts.py"
 

@@ -151,12 +151,17 @@ def one_rank_group() -> Iterator[Any]:
 
 @contextlib.contextmanager
 def fresh_inductor() -> Iterator[None]:
-    """Compiles from scratch, in a cache dir of their own."""
+    """Compiles from scratch, in a cache dir of their own, which keeps their collective
+    decisions too (fresh_cache does not move collective_autotune_decisions_dir)."""
+    from torch._inductor import config
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch._inductor.utils import fresh_cache
 
     torch._dynamo.reset()
     with fresh_cache():
-        yield
+        decisions = os.path.join(cache_dir(), "collective_autotuning", "decisions")
+        with config.patch(collective_autotune_decisions_dir=decisions):
+            yield
     torch._dynamo.reset()
 
 
@@ -347,7 +352,7 @@ def check_cache_hits_ask_the_group() -> None:
     compiled: list[Any] = []
     codegen = compile_fx.fx_codegen_and_compile
 
-    def group_takes(graph: Any) -> bool:
+    def group_takes(graph: Any, key: str) -> bool:
         asked.append(graph)
         return False
 
@@ -407,7 +412,7 @@ def check_bundled_cache_entries_are_asked_about() -> None:
         asked["usable"].append(entry)
         return True
 
-    def group_takes(entry: Any) -> bool:
+    def group_takes(entry: Any, key: str) -> bool:
         asked["group"].append(entry)
         return False
 
@@ -422,7 +427,7 @@ def check_bundled_cache_entries_are_asked_about() -> None:
     if counters["aot_autograd"]["autograd_cache_hit"]:
         raise ContractBroken("a bundled hit the group refused was used")
 
-    def fails(entry: Any) -> bool:
+    def fails(entry: Any, key: str) -> bool:
         raise CollectiveAutotuneError("the group is gone")
 
     with mock.patch.object(hooks, "group_takes_cached_entry", fails):
@@ -443,6 +448,128 @@ def break_bundled_cache_entries() -> contextlib.AbstractContextManager[Any]:
     return mock.patch.object(
         AOTAutogradCache, "_usable", classmethod(lambda cls, candidate: True)
     )
+
+
+def _standalone_twice(**refusals: Callable[..., bool]) -> Any:
+    """standalone_compile one graph on fresh caches (AOTAutograd's and the FX-graph
+    cache on, unbundled as vLLM's standalone path has them), then again with the
+    collective ``refusals`` patched into hooks: the second compile's artifact."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor.kernel.collective import hooks
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.sin(x) + 1)
+
+    def compile_once() -> Any:
+        return torch._inductor.standalone_compile(
+            gm, [torch.randn(4)], dynamic_shapes="from_example_inputs", options={}
+        )
+
+    with (
+        fresh_inductor(),
+        config.patch(fx_graph_cache=True),
+        functorch_config.patch(
+            enable_autograd_cache=True, bundled_autograd_cache=False
+        ),
+    ):
+        compile_once()
+        with contextlib.ExitStack() as stack:
+            for name, refusal in refusals.items():
+                stack.enter_context(mock.patch.object(hooks, name, refusal))
+            return compile_once()
+
+
+def check_refused_hits_leave_one_artifact() -> None:
+    """A cache lookup records the entry it finds (CacheArtifactManager's
+    _new_cache_artifacts and _seen_artifacts, by type and key) before the group's check
+    or the FX graphs' load: a hit refused there (group_takes_cached_entry /
+    group_takes_cached_graph) or whose FX graph the gate passes over
+    (cached_graph_usable) is taken out, so standalone_compile's artifact holds exactly
+    one AOTAutograd entry, as vLLM's InductorStandaloneAdaptor requires."""
+    from torch._inductor.kernel.collective import graph_sessions
+
+    def refuses(decisions: Any) -> bool:
+        return False
+
+    with mock.patch.object(graph_sessions, "group_takes_cached_graph", refuses):
+        refused = _standalone_twice()
+    passed_over = _standalone_twice(cached_graph_usable=lambda graph: False)
+    for what, artifact in (("refused", refused), ("passed over", passed_over)):
+        if not artifact.is_saveable():
+            raise ContractBroken(
+                f"a cache hit {what} left an unsaveable artifact: "
+                f"{artifact._artifacts and artifact._artifacts[1]}"
+            )
+
+
+def break_recorded_artifacts() -> contextlib.AbstractContextManager[Any]:
+    from torch.compiler._cache import CacheArtifactManager
+
+    record = CacheArtifactManager.record_artifact.__func__
+
+    def record_numbered(cls: Any, artifact_type: str, key: str, content: Any) -> None:
+        # Upstream recording each entry under a name of its own, not its cache key.
+        number = len(cls._new_cache_artifacts.get(artifact_type, []))
+        record(cls, artifact_type, f"{key}/{number}", content)
+
+    return mock.patch.object(
+        CacheArtifactManager, "record_artifact", classmethod(record_numbered)
+    )
+
+
+def check_graph_loads_let_the_groups_errors_out() -> None:
+    """A CollectiveAutotuneError that the group's check of a cached FX graph
+    (group_takes_cached_graph) raises while AOTAutogradCache loads a hit, its entry's
+    graphs loaded from the FX-graph cache, reaches the caller: AOTAutogradCache.try_load
+    turns any other error of that load into a bypass, on this rank alone."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
+
+    raised: list[Any] = []
+
+    def fails_once(graph: Any, *key: Any) -> bool:
+        # Only the load inside try_load: after a bypass, the compile's own lookup of
+        # the graph is taken, and the compile succeeds.
+        if raised:
+            return True
+        raised.append(graph)
+        raise CollectiveAutotuneError("the group is gone")
+
+    with (
+        functorch_config.patch(
+            enable_autograd_cache=True, bundled_autograd_cache=False
+        ),
+        mock.patch.object(hooks, "group_takes_cached_graph", fails_once),
+    ):
+        try:
+            _compile_twice()
+        except Exception as e:  # Dynamo wraps what the backend raised
+            if not isinstance(e, CollectiveAutotuneError) and not isinstance(
+                e.__cause__ or e.__context__, CollectiveAutotuneError
+            ):
+                raise ContractBroken(f"the group's error became {e!r}") from e
+        else:
+            if not raised:
+                raise ContractBroken(
+                    "loading an AOTAutograd hit asked no graph's group"
+                )
+            raise ContractBroken(
+                "the group's error while loading a hit's graph became a bypass"
+            )
+
+
+def break_graph_loads_let_the_groups_errors_out() -> contextlib.AbstractContextManager[
+    Any
+]:
+    from torch._inductor.kernel.collective import hooks
+
+    # try_load without the hunk that lets the group's error out: the error it catches
+    # as the group's is another class than the one raised.
+    class OtherError(Exception):
+        pass
+
+    return mock.patch.object(hooks, "CollectiveAutotuneError", OtherError)
 
 
 def check_compiled_graphs_record_decisions() -> None:
@@ -755,8 +882,8 @@ def _unchecked_guards_seen(compile_model: Callable[[Callable], Any]) -> list[Any
 
 
 def check_backends_see_whether_guards_are_checked() -> None:
-    """A backend sees the hooks of the frame Dynamo compiles
-    (convert_frame.compiling_frame_hooks, patch 0010) and the frame's SHAPE_ENV guard in
+    """A backend sees the hooks of the frame Dynamo compiles (the frame's
+    CompileContext.frame_hooks, patch 0010) and the frame's SHAPE_ENV guard in
     its tracing context; make_guard_filter_entry builds that guard's entry without a
     builder, and the guard filters keep or drop it; aot_compile's backend call and a
     backend's own tracing context have neither (range_graphs.unchecked_guards)."""
@@ -799,9 +926,14 @@ def check_backends_see_whether_guards_are_checked() -> None:
 
 def break_frame_hooks() -> contextlib.AbstractContextManager[Any]:
     from torch._dynamo.hooks import Hooks
+    from torch._guards import CompileContext
 
-    return mock.patch(
-        "torch._dynamo.convert_frame.compiling_frame_hooks", lambda: Hooks()
+    # The frame's hooks no longer kept: every compile context reads default hooks.
+    return mock.patch.object(
+        CompileContext,
+        "frame_hooks",
+        property(lambda self: Hooks(), lambda self, value: None),
+        create=True,
     )
 
 
@@ -1171,30 +1303,47 @@ def _lower_two_ranges(
         )
 
 
-def check_range_names() -> None:
-    """The range-based lowering tunes each range under the name
-    ``{name}_range_{start}_{end}`` (``inf`` for the last): dispatch.is_range,
-    range_bounds and ladder_of find a range, its sizes and its ladder by that name."""
-    from torch._inductor.kernel.collective.dispatch import (
-        is_range,
-        range_bounds,
-        range_name,
-    )
+def check_ranges_tuned_at_their_last_size() -> None:
+    """The range-based lowering asks hooks.tuned_ranges for a collective op's ranges,
+    handing it ``tune_range(start, end)``, which tunes the range with the op's inputs
+    made at ``end`` rows (the range's upper bound for an unbounded one) and returns
+    the winner's ImplConfig, whose impl_func is the winning choice's decomposition:
+    the ladder times each probe at its size through it."""
+    from torch._inductor.kernel.collective import hooks
+    from torch._inductor.kernel.custom_op import RangeBounds
 
-    names: list[str] = []
+    sizes: list[int] = []
+    winners: list[Any] = []
 
-    def autotune(*args: Any, name: str, **kwargs: Any) -> Any:
-        names.append(name)
+    def autotune(*args: Any, user_input_gen_fns: Any, **kwargs: Any) -> Any:
+        made = user_input_gen_fns["x"](torch.empty(7, 3))
+        sizes.append(made.shape[0])
         return None, _WINNER
 
-    _lower_two_ranges(autotune, lambda *a, **k: None, [])
-    if names != [range_name("op", start, end) for start, end in _TWO_RANGES]:
-        raise ContractBroken(f"ranges (1, 4] and (5, inf) were tuned as {names}")
-    if not all(is_range(n) for n in names) or [range_bounds(n) for n in names] != [
-        (1, 4),
-        (5, math.inf),
-    ]:
-        raise ContractBroken(f"the range names {names} do not give back their sizes")
+    def tuned_ranges(name, op, ranges, upper_bound, dispatch_on, tune_range):
+        winners.extend([tune_range(5, 12), tune_range(13, math.inf)])
+        return {RangeBounds(1, 12): winners[0], RangeBounds(13, math.inf): winners[1]}
+
+    with mock.patch.object(hooks, "tuned_ranges", tuned_ranges):
+        _lower_two_ranges(autotune, lambda *a, **k: None, [])
+    if sizes != [12, 64]:
+        raise ContractBroken(
+            f"ranges ending at 12 and unbounded (upper bound 64) were tuned at {sizes}"
+        )
+    if [w.impl_func for w in winners] != [_implementation] * 2:
+        raise ContractBroken(f"tune_range returned {winners}, not the winner's config")
+
+
+def break_range_sizes() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.kernel import custom_op
+
+    original = custom_op._create_range_input_gen_fn
+
+    # Each range tuned at its first size.
+    def at_start(base, dim_index, range_start, range_end, range_upper_bound):
+        return original(base, dim_index, range_start, range_start, range_upper_bound)
+
+    return mock.patch.object(custom_op, "_create_range_input_gen_fn", at_start)
 
 
 def check_one_winner_is_inlined_as_chosen() -> None:
@@ -1230,20 +1379,6 @@ def break_one_winner_inlining() -> contextlib.AbstractContextManager[Any]:
         return original(*args, impl_func=lambda *a, **k: impl_func(*a, **k), **kwargs)
 
     return mock.patch.object(custom_op, "ImplConfig", wrapped)
-
-
-def break_range_names() -> contextlib.AbstractContextManager[Any]:
-    from torch._inductor.kernel import custom_op
-
-    original = custom_op._range_based_lowering_fn
-
-    # Each range's name made of another name than the op's.
-    def _range_based_lowering_fn(*args: Any, name: str, **kwargs: Any) -> Any:
-        return original(*args, name=f"{name}_ranges", **kwargs)
-
-    return mock.patch.object(
-        custom_op, "_range_based_lowering_fn", _range_based_lowering_fn
-    )
 
 
 def break_range_based_lowering() -> contextlib.AbstractContextManager[Any]:
@@ -1717,6 +1852,52 @@ def break_functional_all_reduce_lowering() -> contextlib.AbstractContextManager[
     )
 
 
+# Eager autograd's wrapper of a functional collective's output: never traced.
+_AUTOGRAD_WRAPPER = "_c10d_functional::_wrap_tensor_autograd"
+
+
+def check_functional_ops_communicate_or_wait() -> None:
+    """Every op of the _c10d_functional namespace communicates (COLLECTIVE_OPS) or waits
+    (waits.is_wait: wait_tensor, and from torch 2.15 on wait_tensors, a list's wait),
+    but eager autograd's wrapper: with_waits and unwaited_collective tell a collective,
+    whose output needs a wait, from a wait by these."""
+    import torch.distributed  # registers the namespace's ops
+    from torch._inductor.kernel.collective.waits import is_wait
+    from torch._inductor.kernel.collective.detection import is_collective_op
+
+    names = {
+        name.split(".")[0]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("_c10d_functional::")
+    }
+    unknown = []
+    for name in sorted(names - {_AUTOGRAD_WRAPPER}):
+        packet = getattr(torch.ops._c10d_functional, name.split("::")[1], None)
+        if packet is not None and (
+            is_collective_op(packet)
+            or any(is_wait(getattr(packet, o)) for o in packet.overloads())
+        ):
+            continue
+        unknown.append(name)
+    if unknown:
+        raise ContractBroken(
+            f"functional ops that neither communicate nor wait, as far as collective "
+            f"autotuning knows: {unknown}"
+        )
+
+
+def break_functional_ops_communicate_or_wait() -> contextlib.AbstractContextManager[
+    Any
+]:
+    # A new op in the namespace (a wait of another name, say).
+    original = torch._C._dispatch_get_all_op_names
+    return mock.patch.object(
+        torch._C,
+        "_dispatch_get_all_op_names",
+        lambda: [*original(), "_c10d_functional::wait_tensors_async"],
+    )
+
+
 def check_traced_with_decompositions() -> None:
     """make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")
     traces Inductor's decompositions (hardswish to pointwise ops), at symbolic sizes."""
@@ -1806,6 +1987,31 @@ def break_cache_dir() -> contextlib.AbstractContextManager[Any]:
     # TORCHINDUCTOR_CACHE_DIR no longer read.
     return mock.patch.object(
         cache_dir_utils, "cache_dir", cache_dir_utils.default_cache_dir
+    )
+
+
+def check_default_cache_dir() -> None:
+    """default_cache_dir() does not follow TORCHINDUCTOR_CACHE_DIR: the decisions kept
+    under it (collective_decisions.decisions_dir) outlive an engine's move of that."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    before = cache_dir_utils.default_cache_dir()
+    with (
+        tempfile.TemporaryDirectory() as root,
+        mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": root}),
+    ):
+        if cache_dir_utils.default_cache_dir() != before:
+            raise ContractBroken(
+                f"default_cache_dir() moved with TORCHINDUCTOR_CACHE_DIR to {root}"
+            )
+
+
+def break_default_cache_dir() -> contextlib.AbstractContextManager[Any]:
+    from torch._inductor.runtime import cache_dir_utils
+
+    # default_cache_dir() reading TORCHINDUCTOR_CACHE_DIR as cache_dir() does.
+    return mock.patch.object(
+        cache_dir_utils, "default_cache_dir", cache_dir_utils.cache_dir
     )
 
 
@@ -2273,11 +2479,26 @@ CONTRACTS: list[Contract] = [
         needs_overlay=True,
     ),
     Contract(
+        "a cache hit refused after its lookup recorded it leaves one artifact "
+        "(CacheArtifactManager's records by type and key)",
+        "recorded_artifacts.forget",
+        check_refused_hits_leave_one_artifact,
+        break_recorded_artifacts,
+        needs_overlay=True,
+    ),
+    Contract(
         "a backend sees whether Dynamo checks the guards it adds (frame hooks, "
         "SHAPE_ENV guard, guard filters, aot_compile)",
         "range_graphs.unchecked_guards",
         check_backends_see_whether_guards_are_checked,
         break_frame_hooks,
+        needs_overlay=True,
+    ),
+    Contract(
+        "AOTAutogradCache lets the group's error out of loading a hit's FX graph",
+        "graph_sessions.group_takes_cached_graph",
+        check_graph_loads_let_the_groups_errors_out,
+        break_graph_loads_let_the_groups_errors_out,
         needs_overlay=True,
     ),
     Contract(
@@ -2419,10 +2640,12 @@ CONTRACTS: list[Contract] = [
         break_range_based_lowering,
     ),
     Contract(
-        "the range-based lowering tunes each range as {name}_range_{start}_{end}",
-        "collective/dispatch.py (is_range, range_bounds, ladder_of)",
-        check_range_names,
-        break_range_names,
+        "the range-based lowering hands hooks.tuned_ranges a tune_range that tunes a "
+        "range at its last size and returns the winner's ImplConfig",
+        "patches (custom_op.py); collective/ladder_lowering.py",
+        check_ranges_tuned_at_their_last_size,
+        break_range_sizes,
+        needs_overlay=True,
     ),
     Contract(
         "one winner of every range is inlined by _lower_single_impl, as chosen",
@@ -2476,6 +2699,13 @@ CONTRACTS: list[Contract] = [
         break_functional_all_reduce_lowering,
     ),
     Contract(
+        "every functional collective op communicates or waits (wait_tensor, "
+        "wait_tensors)",
+        "waits.is_wait, waits.is_functional_collective",
+        check_functional_ops_communicate_or_wait,
+        break_functional_ops_communicate_or_wait,
+    ),
+    Contract(
         "a custom op without a lowering is lowered as a fallback (lowerings, fallbacks)",
         "choice_modules.only_calls_opaque_ops",
         check_custom_ops_fall_back,
@@ -2502,6 +2732,12 @@ CONTRACTS: list[Contract] = [
         break_atomic_writes,
     ),
     Contract("cache_dir()", "collective_decisions", check_cache_dir, break_cache_dir),
+    Contract(
+        "default_cache_dir() does not follow TORCHINDUCTOR_CACHE_DIR",
+        "collective_decisions.decisions_dir",
+        check_default_cache_dir,
+        break_default_cache_dir,
+    ),
     Contract(
         "clear_on_fresh_cache registers what fresh_cache clears",
         "collective/records.py",

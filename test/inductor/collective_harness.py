@@ -129,7 +129,8 @@ def run_ranks(
     replaced by the rank. Unless ``env`` names one, each rank gets a new Inductor cache
     dir: compiled graphs and stored decisions of other tests (or of a peer rank, on a
     CPU where their cache keys coincide) must not stand in for this test's tuning; its
-    compiled kernels are shared (:func:`_share_kernels`). Self-spawned ranks that
+    compiled kernels are shared (:func:`_share_kernels`). Its decisions are kept in
+    that dir as the rank starts (:func:`_decisions_folder`), where a body moves it. Self-spawned ranks that
     outlive ``timeout_s`` are killed and reported as having died. A body that
     ``breaks_the_group`` (a rank dies, a collective is left hanging) only runs
     self-spawned, where the job ends with it, as does one that ``restarts`` a job (a
@@ -253,7 +254,12 @@ def _run_in_process(
     collective_ops.forget_runs()
     env = {k: v.replace("{rank}", str(rank)) for k, v in env.items()}
     _share_kernels(env["TORCHINDUCTOR_CACHE_DIR"], _shared_kernels())
-    with environment(env):
+    with (
+        environment(env),
+        torch._inductor.config.patch(
+            collective_autotune_decisions_dir=_decisions_folder(env)
+        ),
+    ):
         result = _call(rank, world_size, group, body, args, device, timing)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, result)
@@ -340,6 +346,19 @@ def _spawn(
     ]
 
 
+DECISIONS_DIR = "TORCHINDUCTOR_COLLECTIVE_AUTOTUNE_DECISIONS_DIR"
+
+
+def _decisions_folder(env: dict[str, str]) -> str:
+    """Where the rank keeps its decisions: under its cache dir of ``env``, as the tests
+    find them, unless ``env`` names a folder. By default they are kept in one folder of
+    the host (collective_decisions.decisions_dir), which every test would share; a
+    body that moves TORCHINDUCTOR_CACHE_DIR (an engine) keeps them where they were."""
+    return env.get(DECISIONS_DIR) or os.path.join(
+        env["TORCHINDUCTOR_CACHE_DIR"], "collective_autotuning", "decisions"
+    )
+
+
 @contextlib.contextmanager
 def environment(env: dict[str, str]) -> Iterator[None]:
     """``env`` set for the block, each variable restored (or removed) after."""
@@ -368,7 +387,9 @@ def _child(
     timeout_s: float,
     timing: Callable[[str, int], float] | str,
 ) -> None:
-    os.environ.update({k: v.replace("{rank}", str(rank)) for k, v in env.items()})
+    env = {k: v.replace("{rank}", str(rank)) for k, v in env.items()}
+    os.environ.update(env)
+    torch._inductor.config.collective_autotune_decisions_dir = _decisions_folder(env)
     _share_kernels(os.environ["TORCHINDUCTOR_CACHE_DIR"], kernels)
     # A rank still running when the harness kills it says where it was.
     faulthandler.dump_traceback_later(timeout_s - 5, exit=False)

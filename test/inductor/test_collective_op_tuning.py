@@ -143,7 +143,7 @@ def slowest_rank_body(r: Rank, uneven_ms: str, even_ms: str, own_ms: str) -> lis
         ops.all_reduce_then("even", wait_ms=even_ms),
     )
     group = r.group.group_name
-    with torch._inductor.config.patch(collective_benchmark_nruns=10):
+    with torch._inductor.config.patch(collective_benchmark_rounds=10):
         return compile_and_check(
             lambda x: ops.all_reduce(x, group, own_ms),
             torch.randn(8, 8, device=r.device),

@@ -224,6 +224,9 @@ def vote_after_body(r: Rank, works: bool) -> dict:
         dist.get_process_group_ranks(r.group),
         timeout=1.0,
     )
+    # Both ranks start the clock together: a rank that reached this test later (a
+    # busy host, a slow previous test) would otherwise see a shorter wait.
+    dist.barrier(group=r.group)
     begin = time.monotonic()
     if r.rank == 1:
         # The fault under test: rank 1 stalls three timeouts before it votes (working

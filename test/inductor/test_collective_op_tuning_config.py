@@ -103,9 +103,9 @@ class TestConfiguration(TestCase):
                 "collective_benchmark_timeout=0: seconds, > 0",
             ),
             (
-                {"collective_benchmark_nruns": 0},
+                {"collective_benchmark_rounds": 0},
                 "",
-                "collective_benchmark_nruns=0: an int >= 1",
+                "collective_benchmark_rounds=0: an int >= 1",
             ),
             (
                 {"collective_benchmark_mode": "fast"},
@@ -124,7 +124,7 @@ class TestConfiguration(TestCase):
     @single_process
     def test_unparsable_environment_value_names_the_variable(self):
         # Read at import, as upstream's numeric knobs are.
-        env = {**os.environ, "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS": "many"}
+        env = {**os.environ, "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ROUNDS": "many"}
         imported = subprocess.run(
             [sys.executable, "-c", "import torch._inductor.config"],
             env=env,
@@ -133,7 +133,7 @@ class TestConfiguration(TestCase):
         )
         self.assertNotEqual(imported.returncode, 0)
         self.assertIn(
-            "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS='many' is not a valid int",
+            "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ROUNDS='many' is not a valid int",
             imported.stderr,
         )
 
@@ -142,7 +142,7 @@ class TestConfiguration(TestCase):
         [
             ("collective_benchmark_warmup", (5, 6)),
             ("collective_benchmark_sample_us", (1000.0, 5000.0)),
-            ("collective_benchmark_nruns", (3, 20)),
+            ("collective_benchmark_rounds", (3, 20)),
             # Group-wide too: ranks that differ would compile different graphs.
             ("collective_autotune_range_graphs", (True, False)),
             ("collective_autotune_compile_range", (None, (1, 64))),

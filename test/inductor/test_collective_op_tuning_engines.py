@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 from torch._guards import detect_fake_mode
-from torch._inductor.kernel.collective.hooks import (
+from torch._inductor.kernel.collective.api import (
     collective_autotune_size_paths,
     winner_change_points,
 )
@@ -47,12 +47,12 @@ from collective_harness import (
 )
 
 
-# The ladder's sizes: ranges (0, 1], (1, 4], (4, 16], (16, 64], (64, 256] and
-# (256, inf), the last one timed at LADDER_MAX.
+# The ladder's sizes: 1, 4, 16, 64, 256 and LADDER_MAX, which stands for every size
+# above 256; the walk times sizes between two of them where their winners differ.
 LADDER_MAX = 1024
-TOPS = (1, 4, 16, 64, 256, math.inf)
 LARGEST = 1000  # the engine's largest batch, its first call
-SIZES = (2, 8, 16, 17, 64, 65, 200, 256, 257, LARGEST)
+# On the ladder, and strictly between its sizes next to each case's crossovers.
+SIZES = (2, 6, 7, 8, 16, 17, 31, 32, 40, 64, 65, 200, 255, 256, 257, LARGEST)
 HIDDEN = 16
 
 
@@ -64,24 +64,32 @@ class Case:
     cost: Callable[[str, int], float]
 
     def winner_at(self, rows: int) -> str:
+        """The best choice at ``rows``."""
         return min((*self.implementations, "default"), key=lambda c: self.cost(c, rows))
 
-    def expected(self, n: int) -> str:
-        """The winner of the ladder range holding ``n``, timed at its top."""
-        top = next(t for t in TOPS if n <= t)
-        return self.winner_at(LADDER_MAX if top == math.inf else int(top))
+    def loss(self, ran: list[str], rows: int) -> float:
+        """How much slower than the best choice what ran at ``rows`` is (inf where not
+        one choice ran)."""
+        if len(ran) != 1:
+            return math.inf
+        return self.cost(ran[0], rows) / self.cost(self.winner_at(rows), rows) - 1
 
 
-def _crossover(choice: str, rows: int) -> float:
-    small = rows <= 64
-    return {"small": 10 if small else 100, "large": 100 if small else 10}.get(
-        choice, 1000
-    )
+def _crossovers(choice: str, rows: int) -> float:
+    # steep wins up to 6 rows, gentle from 7 (they cross at 6.2, between the ladder's 4
+    # and 16), flat from 253: at the ladder's 256 gentle is 0.9% behind flat, a near
+    # tie that the range of 256 decides for gentle, the choice below it.
+    return {
+        "steep": 3 + 2 * rows,
+        "gentle": 15 + 20 * rows / 252,
+        "flat": 35,
+    }.get(choice, 1000)
 
 
 def _sweet_spot(choice: str, rows: int) -> float:
-    # constant wins at both ends of the ladder, sweet only at 64 and 256: the ranges
-    # between two that agree are screened, not filled.
+    # constant wins at both ends of the ladder, sweet only from 32 to 256 (at 64 and
+    # 256 of the ladder): the ranges between two that agree are screened, not filled,
+    # and the steps at 32 and 257 are found between the ladder's sizes.
     return {
         "constant": 20,
         "sweet": 2 if 32 <= rows <= 256 else 60,
@@ -90,8 +98,8 @@ def _sweet_spot(choice: str, rows: int) -> float:
 
 
 CASES = {
-    # Two implementations that cross over once, at 64 rows.
-    "crossover": Case(("small", "large"), _crossover),
+    # Three implementations that cross between the ladder's sizes, and near one.
+    "crossovers": Case(("steep", "gentle", "flat"), _crossovers),
     # Three, of which the middle one wins only at middle sizes.
     "sweet_spot": Case(("constant", "sweet", "linear"), _sweet_spot),
 }
@@ -355,6 +363,8 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
 
     case = CASES[case_name]
     register(case)
+    # What an engine reads before it compiles anything, to set its compile ranges.
+    before = winner_change_points(ops.all_reduce)
     path = Path(saved) / f"rank{r.rank}.pt2"
     with (
         given_timings(case.cost),
@@ -368,6 +378,7 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
                 {rec.source.value for rec in collective_autotune_records()}
             ),
             "points": winner_change_points(),
+            "points_before_compiling": before,
         }
         model = make_model(r.group.group_name)
         if restarted:
@@ -383,9 +394,12 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
 def assert_every_size_ran_its_winner(
     test: CollectiveTestCase, case: Case, flows: list[dict]
 ) -> None:
+    """Every size, on the ladder and between its sizes, ran one choice within 2% of
+    the best there."""
     for f in flows:
-        expected = {n: [case.expected(n)] for n in SIZES}
-        test.assertEqual(f["ran"], expected, msg=str((f["flow"], f["ran"], expected)))
+        losses = {n: case.loss(ran, n) for n, ran in f["ran"].items()}
+        test.assertEqual(sorted(losses), sorted(SIZES), msg=str(f["flow"]))
+        test.assertLessEqual(max(losses.values()), 0.02, msg=str((f["flow"], f["ran"])))
         test.assertEqual(f["compiled_after_warm_up"], 0, msg=str(f))
         test.assertEqual(f.get("frames", 1), 1, msg=str(f))
 
@@ -402,8 +416,8 @@ class TestServingEngines(CollectiveTestCase):
         for other in results[1:]:
             self.assertEqual([f["ran"] for f in other], [f["ran"] for f in results[0]])
         assert_every_size_ran_its_winner(self, case, results[0])
-        # The winners change where the costs cross, found at every ladder point.
-        expected_points = {"crossover": [64], "sweet_spot": [16, 256]}[case_name]
+        # The winners change where the costs cross, between the ladder's sizes too.
+        expected_points = {"crossovers": [6, 256], "sweet_spot": [31, 256]}[case_name]
         self.assertEqual(flows["guard_filter"]["points"], expected_points)
         # Plain torch.compile guards its graph on a range; where the guards are
         # filtered out, the cached range graph is passed over and the graph dispatches
@@ -442,7 +456,7 @@ class TestServingEngines(CollectiveTestCase):
         the winner-change points come back; an aot_compile-d model saved by the first
         job runs every size's winner in the second, compiling nothing."""
         case = CASES["sweet_spot"]
-        expected = {n: [case.expected(n)] for n in SIZES}
+        expected = {n: [case.winner_at(n)] for n in SIZES}  # no near tie in this case
         env = {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp_path / "cache{rank}")}
         jobs = [
             assert_all_ok(
@@ -461,7 +475,14 @@ class TestServingEngines(CollectiveTestCase):
         for job in jobs:
             for rank in job:
                 self.assertEqual(rank["filtered"], expected, msg=str(rank))
-                self.assertEqual(rank["points"], [16, 256], msg=str(rank))
+                self.assertEqual(rank["points"], [31, 256], msg=str(rank))
+        # The restarted job read the first job's points before it compiled anything.
+        self.assertEqual([r["points_before_compiling"] for r in jobs[0]], [[], []])
+        self.assertEqual(
+            [r["points_before_compiling"] for r in jobs[1]], [[31, 256], [31, 256]]
+        )
+        for job in jobs:
+            for rank in job:
                 self.assertEqual(rank["aot"]["ran"], expected, msg=str(rank))
                 self.assertEqual(
                     rank["aot"]["compiled_after_warm_up"], 0, msg=str(rank)

@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.collective.dispatch import Incumbent, range_bounds
+from torch._inductor.kernel.collective.ladder import (
+    assign,
+    branches,
+    Incumbent,
+    TOLERANCE,
+)
 from torch._inductor.kernel.collective.graph_sessions import SETTLED_IN_GRAPH
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -255,8 +260,8 @@ def sized_calls_body(
 
 
 def dynamic_body(r: Rank) -> dict:
-    # The op's own 10 ms wins from 11 rows on, where per_row_cost (1 ms a row) gets
-    # slower (by 1.5x at the ladder's 16); flat_cost (20 ms) never wins.
+    # The op's own 10 ms wins above 10 rows, where per_row_cost (1 ms a row) gets
+    # slower (by 1.6x at the ladder's 16); flat_cost (20 ms) never wins.
     ops.register_all_reduce(ops.flat_cost, ops.per_row_cost)
     with torch._inductor.config.patch(collective_autotune_dynamic_max=256):
         return sized_calls_body(r, (8, 2, 100), own_ms="10")
@@ -288,9 +293,12 @@ def one_winner_body(r: Rank) -> dict:
     return {**result, "custom_op_warnings": list(warned)}
 
 
-# The winners of the ladder ranges 1, 2-4, 5-16, 17-64 and 65+ (timed at 256) of
-# flat_cost, per_row_cost, the opaque op and the op's own (12 ms), by DesignedCosts.
+# The ladder's sizes (256 standing for every size above 64), their winners among
+# flat_cost, per_row_cost, the opaque op and the op's own (12 ms) by DesignedCosts, and
+# the ranges each runs once the crossovers between them are found.
+LADDER_SIZES = (1, 4, 16, 64, 256)
 DESIGNED_WINNERS = ["per_row_cost", "per_row_cost", "opaque", "opaque", "default"]
+DESIGNED_CELLS = [(6, "per_row_cost"), (120, "opaque"), (math.inf, "default")]
 
 
 def mixed_winner_layers(
@@ -356,13 +364,18 @@ def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
 
 def assert_each_size_ran_its_winner(a: dict, b: dict, device: str) -> None:
     check.assertEqual(a["records"], b["records"])
-    by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
-    check.assertEqual(by_size["1_1"].winner, "per_row_cost")
-    check.assertEqual(by_size["5_16"].winner, by_size["65_inf"].winner)
-    check.assertEqual(by_size["65_inf"].winner, "default")
-    # Each size runs its range's winner, and only it (the op's own marks nothing).
+    by_size = {r.size: r for r in a["records"]}
+    check.assertEqual(by_size[1].winner, "per_row_cost")
+    check.assertEqual(by_size[16].winner, by_size[256].winner)
+    check.assertEqual(by_size[256].winner, "default")
+    # The crossover at 10 rows, found between the ladder's 4 and 16: a probe at 10,
+    # where the two tie and per_row_cost, the winner below, is kept.
+    check.assertEqual(
+        cells_of(a["records"]), [(10, "per_row_cost"), (math.inf, "default")]
+    )
+    # Each size runs its best choice, and only it (the op's own marks nothing).
     check.assertEqual(a["ran"], b["ran"])
-    check.assertEqual(b["ran"], {8: [], 2: ["per_row_cost"], 100: []})
+    check.assertEqual(b["ran"], {8: ["per_row_cost"], 2: ["per_row_cost"], 100: []})
     check.assertEqual(a["frames"], 1)  # no recompile
     # Each implementation compiled once for the benchmark, for every range's size.
     check.assertEqual(a["builds"], b["builds"])
@@ -456,7 +469,7 @@ def range_graphs_body(
     serving engine may set once warmed up): per call, what compiled, what ran, and the
     records it made."""
     from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective.dispatch import warm_up_sizes
+    from torch._inductor.kernel.collective.ladder import warm_up_sizes
     from torch._inductor.kernel.collective.hooks import collective_autotune_records
     from torch.fx.experimental import _config as fx_config
 
@@ -477,12 +490,8 @@ def range_graphs_body(
         recompile_reasons() as reasons,
         logged_messages("torch._inductor.kernel.collective.dispatch") as dispatch_log,
     ):
-        sizes = (
-            (8, *warm_up_sizes(), 2, 3, 20, 30, 100, 200, 1)
-            if warm_up
-            else (8, 2, 30, 100, 3, 20, 8, 2, 30, 100)
-        )
-        warmed_up = 1 + len(warm_up_sizes()) if warm_up else len(sizes)
+        sizes = [8] if warm_up else [8, 2, 30, 200, 3, 20, 8, 2, 30, 200]
+        warmed_up = len(sizes)
         for i, n in enumerate(sizes):
             stance = "fail_on_recompile" if i >= warmed_up else "default"
             start, frames = len(collective_autotune_records()), counter.frame_count
@@ -526,21 +535,31 @@ def range_graphs_body(
                     "recompile_reasons": reasons[recompiles:],
                 }
             )
+            if warm_up and i == 0:
+                # After the first compile, as the docs tell an engine.
+                warm = warm_up_sizes()
+                sizes += [*warm, 2, 3, 20, 30, 100, 200, 1]
+                warmed_up = 1 + len(warm)
+                calls[0]["warm_up_sizes"] = warm
     calls[0]["dispatch_log"] = list(dispatch_log)
     return calls
+
+
+def probes_of(records) -> list:
+    """The measurements of a compile's probes, ascending (its first site's: later sites
+    of the key take the same)."""
+    by_size = {}
+    for rec in records:
+        if rec.measurement is not None:
+            by_size.setdefault(rec.size, rec.measurement)
+    return [by_size[size] for size in sorted(by_size)]
 
 
 def cells_of(records) -> list[tuple[float, str]]:
     """(top, winner) of each range where the winner changes, in size order: the cells a
     range graph is compiled for."""
-    ranges = sorted((range_bounds(rec.op), rec.winner) for rec in records)
-    cells: list[tuple[float, str]] = []
-    for (_, high), winner in ranges:
-        if cells and cells[-1][1] == winner:
-            cells[-1] = (high, winner)
-        else:
-            cells.append((high, winner))
-    return cells
+    probes = probes_of(records)
+    return branches(probes, assign(probes, TOLERANCE))
 
 
 def data_dependent_size_body(r: Rank) -> dict:
@@ -783,10 +802,10 @@ class TestGraphSessions(CollectiveTestCase):
         assert_each_size_ran_its_winner(a, b, device)
         # The range between two ranges that agree was screened against every choice,
         # and kept their winner.
-        by_size = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
-        self.assertEqual(by_size["17_64"].source, "ladder")
-        self.assertTrue(by_size["17_64"].timings)
-        self.assertIn("screened against default", by_size["17_64"].reason)
+        by_size = {r.size: r for r in a["records"]}
+        self.assertEqual(by_size[64].source, "ladder")
+        self.assertTrue(by_size[64].timings)
+        self.assertIn("screened against default", by_size[64].reason)
 
     def test_layers_whose_op_has_one_winner_trace_it_once(self):
         # One implementation wins every range: each layer inlines it without a dispatch,
@@ -800,7 +819,7 @@ class TestGraphSessions(CollectiveTestCase):
         self.assertEqual(b["ran"], {2: ["per_row_cost"], 9: ["per_row_cost"]})
         self.assertEqual(a["frames"], 1)
         self.assertEqual(a["dispatch_traces"], 0)
-        ranges = len({r.op for r in a["records"]})
+        ranges = len({r.size for r in a["records"]})
         for rank in (a, b):
             traced = rank["per_row_cost_traced_at"]
             self.assertTrue(traced, msg=(ranges, traced))
@@ -821,41 +840,40 @@ class TestGraphSessions(CollectiveTestCase):
             run_ranks(2, mixed_winners_body, device=device, timeout_s=150)
         )
         self.assertEqual(a["records"], b["records"])
-        ranges = sorted((range_bounds(r.op), r.winner) for r in a["records"][:5])
-        self.assertEqual(
-            [bounds for bounds, _ in ranges],
-            [
-                (1, 1),
-                (2, 4),
-                (5, 16),
-                (17, 64),
-                (65, math.inf),
-            ],
-        )
+        ladder = {m.size: m.winner for m in probes_of(a["records"])}
         # By size, each kind of winner in turn, as DesignedCosts gives them.
-        self.assertEqual([winner for _, winner in ranges], DESIGNED_WINNERS)
+        self.assertEqual([ladder[n] for n in LADDER_SIZES], DESIGNED_WINNERS)
+        # Between the ladder's sizes, the crossovers: per_row_cost (1 ms a row) against
+        # the opaque op (6 + 0.05 ms a row) at 6.3 rows, the opaque op against the op's
+        # own 12 ms at 120.
+        self.assertEqual(cells_of(a["records"]), DESIGNED_CELLS)
         # Timed as the site runs where one implementation wins every range: between relu and
         # the residual add.
         self.assertEqual(
-            {r.timed_with for r in a["records"][:5] if r.source == "benchmark"},
+            {r.timed_with for r in a["records"] if r.source == "benchmark"},
             {"producer+consumer"},
         )
-        # Each size ran its range's winner, and only it (the op's own marks nothing).
-        expected = {
-            n: [w for (low, high), w in ranges if low <= n <= high and w != "default"]
-            for n in (2, 30, 100)
-        }
+        # Each size ran its best choice, and only it (the op's own marks nothing): 100
+        # rows the opaque op (11 ms), which the range timed at 256 alone gave the op's
+        # own (12 ms).
         self.assertEqual(a["ran"], b["ran"])
-        self.assertEqual(b["ran"], expected)
+        self.assertEqual(
+            b["ran"], {2: ["per_row_cost"], 30: ["opaque"], 100: ["opaque"]}
+        )
         self.assertEqual(a["frames"], b["frames"])
         self.assertEqual(b["frames"], 1)
-        # The later sites take the ranges the first settled without tracing a choice again:
-        # per_row_cost is traced while the first site decides its five ranges, and once
-        # more by the size dispatch that every site shares.
-        self.assertEqual([r.reason for r in a["records"][5:]], [SETTLED_IN_GRAPH] * 15)
+        # The later sites take the probes the first settled without tracing a choice
+        # again: per_row_cost is traced while the first site decides its probes, and
+        # once more by the size dispatch that every site shares.
+        probes = len(probes_of(a["records"]))
+        self.assertEqual(
+            [r.reason for r in a["records"][probes:]], [SETTLED_IN_GRAPH] * 3 * probes
+        )
         traced_at = a["per_row_cost_traced_at"]
         self.assertTrue(traced_at, msg=traced_at)
-        self.assertEqual([n for n in traced_at if n >= 5], [5], msg=str(traced_at))
+        self.assertEqual(
+            [n for n in traced_at if n >= probes], [probes], msg=str(traced_at)
+        )
         # Their dispatch, alike at every site, is traced once and copied.
         self.assertEqual(a["dispatch_traces"], b["dispatch_traces"])
         self.assertEqual(b["dispatch_traces"], 1)
@@ -874,20 +892,28 @@ class TestGraphSessions(CollectiveTestCase):
         # torch 2.13 on skips it (upstream).
         a, b = assert_all_ok(run_ranks(2, size_reading_body, timeout_s=150))
         self.assertEqual(a["records"], b["records"])
-        winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in a["records"]}
+        winners = {r.size: r.winner for r in a["records"]}
         if torch.__version__ >= (2, 13):
             self.assertEqual(set(winners.values()), {"default"}, msg=str(winners))
             self.assertEqual(a["ran"], b["ran"])
             self.assertEqual(b["ran"], {8: [], 2: [], 100: []})
             self.assertEqual(a["frames"], 1)
         else:
-            self.assertEqual(winners["1_1"], winners["2_4"], msg=str(winners))
-            self.assertEqual(winners["2_4"], "per_row_cost_up_to_16", msg=str(winners))
-            self.assertEqual(winners["5_16"], winners["65_inf"], msg=str(winners))
-            self.assertEqual(winners["65_inf"], "default", msg=str(winners))
+            self.assertEqual(winners[1], winners[4], msg=str(winners))
+            self.assertEqual(winners[4], "per_row_cost_up_to_16", msg=str(winners))
+            self.assertEqual(winners[16], winners[256], msg=str(winners))
+            self.assertEqual(winners[256], "default", msg=str(winners))
+            # per_row_cost_up_to_16 (1 ms a row) up to the op's own 10 ms: the
+            # crossover found at 10 rows.
+            self.assertEqual(
+                cells_of(a["records"]),
+                [(10, "per_row_cost_up_to_16"), (math.inf, "default")],
+            )
             self.assertEqual(a["ran"], b["ran"])
-            self.assertEqual(b["ran"], {8: [], 2: ["per_row_cost"], 100: []})
-            # A graph for [5, inf) (first called at 8, then 100) and one for [2, 4].
+            self.assertEqual(
+                b["ran"], {8: ["per_row_cost"], 2: ["per_row_cost"], 100: []}
+            )
+            # A graph for (10, inf) and one for [1, 10] (first called at 8, then 2).
             self.assertEqual(a["frames"], 2)
 
     @parametrize("device", DEVICE_CASES)
@@ -910,28 +936,31 @@ class TestGraphSessions(CollectiveTestCase):
             [(r.op, r.winner) for r in a["records"]],
             [(r.op, r.winner) for r in b["records"]],
         )
-        # 3 sites in the forward graph and 3 in the backward, 5 ranges each. Each graph's
-        # first site decides the ranges, timed with what it fuses with there (the forward's
-        # relu and residual add; the backward's relu gradient), and its later sites of the
-        # same key take them untraced. The backward's sites look like the forward's (the
-        # plan's session was held): its keys are agreed in sessions of their own, settled
-        # in the graph all the same. The backward's last site all-reduces a matmul's
-        # output that only it reads (an owned input): a key of its own, timed so.
-        self.assertEqual(len(a["records"]), 30)
-        forward, backward = a["records"][:15], a["records"][15:]
+        # 3 sites in the forward graph and 3 in the backward, the same probes each (the
+        # costs are alike). Each graph's first site decides the probes, timed with what
+        # it fuses with there (the forward's relu and residual add; the backward's relu
+        # gradient), and its later sites of the same key take them untraced. The
+        # backward's sites look like the forward's (the plan's session was held): its
+        # keys are agreed in sessions of their own, settled in the graph all the same.
+        # The backward's last site all-reduces a matmul's output that only it reads (an
+        # owned input): a key of its own, timed so.
+        p = len({r.size for r in a["records"]})
+        self.assertEqual(len(a["records"]), 6 * p)
+        forward, backward = a["records"][: 3 * p], a["records"][3 * p :]
         self.assertEqual(
-            {r.timed_with for r in forward[:5] if r.source == "benchmark"},
+            {r.timed_with for r in forward[:p] if r.source == "benchmark"},
             {"producer+consumer"},
         )
         self.assertEqual(
-            {r.timed_with for r in backward[:5] if r.source == "benchmark"},
+            {r.timed_with for r in backward[:p] if r.source == "benchmark"},
             {"consumer"},
         )
         self.assertEqual(
-            [r.reason for r in forward[5:] + backward[5:10]], [SETTLED_IN_GRAPH] * 15
+            [r.reason for r in forward[p:] + backward[p : 2 * p]],
+            [SETTLED_IN_GRAPH] * 3 * p,
         )
         self.assertEqual(
-            {(r.timed_with, r.source) for r in backward[10:]},
+            {(r.timed_with, r.source) for r in backward[2 * p :]},
             {("owned-input+consumer", "benchmark")},
         )
         self.assertFalse({r.key for r in forward} & {r.key for r in backward})
@@ -960,7 +989,7 @@ class TestGraphSessions(CollectiveTestCase):
             [(r.op, r.winner) for r in a["records"]],
             [(r.op, r.winner) for r in b["records"]],
         )
-        forward_ladder = cells_of(list(a["records"][:5]))
+        forward_ladder = cells_of(a["records"])
         self.assertEqual(a["frames"], b["frames"])
         self.assertEqual(
             b["frames"],
@@ -974,13 +1003,14 @@ class TestGraphSessions(CollectiveTestCase):
         # Every forward site of every range graph.
         self.assertGreaterEqual(a["range_graph_sites"], 3 * a["frames"])
         # Nothing was benchmarked after the first forward and backward graphs.
+        first = 6 * len({r.size for r in a["records"]})
         self.assertTrue(
-            all(r.source != "benchmark" for r in a["records"][30:]),
-            msg=a["records"][30:],
+            all(r.source != "benchmark" for r in a["records"][first:]),
+            msg=a["records"][first:],
         )
 
     @single_process
-    def test_a_range_keeps_the_nearest_winner_unless_another_is_clearly_faster(self):
+    def test_a_probe_keeps_the_nearest_winner_unless_another_is_clearly_faster(self):
         # The pick itself: a pure function of the group's timings (identical on every rank).
         from torch._inductor.kernel.collective.timing import pick
         from torch._inductor.runtime.collective_benchmarking import ChoiceTiming
@@ -989,9 +1019,11 @@ class TestGraphSessions(CollectiveTestCase):
         timings = [
             ChoiceTiming(n, us, us, 1, "ok") for n, us in zip(names, (12.0, 10.1, 10.0))
         ]
-        # two_shot, 1% slower at the range's top, won the range below: it keeps this one.
+        # two_shot, 1% slower at the probe's size, won the size below: it keeps this
+        # one, as within the ladder's tolerance.
         winner, reason = pick(names, timings, 1.0, Incumbent("two_shot", "16", False))
         self.assertEqual(winner, "two_shot")
+        self.assertIn("within 2% of two_shot", reason)
         self.assertIn("won at 16", reason)
         self.assertEqual(pick(names, timings, 1.0, None)[0], "default")
         # Clearly faster.
@@ -1031,14 +1063,15 @@ class TestGraphSessions(CollectiveTestCase):
             run_ranks(2, split_points_body, device=device, timeout_s=150)
         )
         self.assertEqual(a["records"], b["records"])
-        by_range = {r.op.rsplit("_range_", 1)[1]: r for r in a["records"]}
-        # The user's ranges, no ladder of ours; each timed by the group.
-        self.assertEqual(sorted(by_range), ["1_4", "33_inf", "5_32"])
-        self.assertEqual({r.source for r in by_range.values()}, {"benchmark"})
+        by_size = {r.size: r for r in a["records"]}
+        # The user's ranges, kept as given: each timed by the group at its last size
+        # (64 for the unbounded one), nothing between them.
+        self.assertEqual(sorted(by_size), [4, 32, 64])
+        self.assertEqual({r.source for r in by_size.values()}, {"benchmark"})
         # 1 ms a row wins at 4 rows; the op's own 12 ms wins at 32 and 64.
-        self.assertEqual(by_range["1_4"].winner, "per_row_cost")
-        self.assertEqual(by_range["5_32"].winner, by_range["33_inf"].winner)
-        self.assertEqual(by_range["33_inf"].winner, "default")
+        self.assertEqual(by_size[4].winner, "per_row_cost")
+        self.assertEqual(by_size[32].winner, by_size[64].winner)
+        self.assertEqual(by_size[64].winner, "default")
         self.assertEqual(a["ran"], b["ran"])
         self.assertEqual(b["ran"], {3: ["per_row_cost"], 8: [], 50: []})
         self.assertEqual(a["frames"], 1)
@@ -1085,13 +1118,13 @@ class TestGraphSessions(CollectiveTestCase):
         # Every rank compiled the same graphs, and took the same decisions in each.
         self.assertEqual([c["compiled"] for c in a], [c["compiled"] for c in b])
         self.assertEqual([c["records"] for c in a], [c["records"] for c in b])
-        # The first compile tunes the ladder (five ranges) at its first site, as a group.
+        # The first compile tunes the ladder and the sizes between at its first site,
+        # as a group.
         first = a[0]
-        cells = cells_of(first["records"][:5])
+        cells = cells_of(first["records"])
+        probes = len(probes_of(first["records"]))
         # By size, each kind of winner in turn, as DesignedCosts gives them.
-        self.assertEqual(
-            cells, [(4, "per_row_cost"), (64, "opaque"), (math.inf, "default")]
-        )
+        self.assertEqual(cells, DESIGNED_CELLS)
         self.assertTrue(any(rec.source == "benchmark" for rec in first["records"]))
 
         def cell(n: int) -> int:
@@ -1139,18 +1172,20 @@ class TestGraphSessions(CollectiveTestCase):
                     0,
                     msg=str(call["records"]),
                 )
-                # It lowers only the ladder ranges inside its own range, at every site:
-                # the others are neither traced nor recorded.
+                # It lowers only the probes inside its own range, at every site: the
+                # others are neither traced nor recorded.
                 low = max((top for top, _ in cells if top < call["n"]), default=0)
                 high = cells[cell(call["n"])][0]
-                lowered = [range_bounds(rec.op) for rec in call["records"]]
+                lowered = [rec.size for rec in call["records"]]
                 self.assertTrue(lowered, msg=(call["n"], cells, lowered))
                 self.assertTrue(
-                    all(low < start and end <= high for start, end in lowered),
+                    all(low < size <= high for size in lowered),
                     msg=(call["n"], cells, lowered),
                 )
                 self.assertEqual(
-                    call["ranges_outside"], 4 * (5 - len(set(lowered))), msg=str(call)
+                    call["ranges_outside"],
+                    4 * (probes - len(set(lowered))),
+                    msg=str(call),
                 )
                 # Nor are the ranges inside traced, at the first site either: this rank
                 # holds their decisions, and the graph inlines its range's winner alone.
@@ -1175,14 +1210,17 @@ class TestGraphSessions(CollectiveTestCase):
         )
         self.assertEqual([c["compiled"] for c in a], [c["compiled"] for c in b])
         self.assertEqual([c["records"] for c in a], [c["records"] for c in b])
-        cells = cells_of(a[0]["records"][:5])
+        cells = cells_of(a[0]["records"])
         tops = [top for top, _ in cells]
 
         def cell(n: int) -> int:
             return next(i for i, top in enumerate(tops) if n <= top)
 
-        first, warm_up, after = a[0], a[1:6], a[6:]
-        self.assertEqual([c["n"] for c in warm_up], [256, 64, 16, 4, 1])
+        warm = a[0]["warm_up_sizes"]
+        first, warm_up, after = a[0], a[1 : 1 + len(warm)], a[1 + len(warm) :]
+        # The ladder's sizes and the tops of the ranges found between them.
+        self.assertEqual(warm, [256, 120, 64, 16, 6, 4, 1])
+        self.assertEqual([c["n"] for c in warm_up], warm)
         # The warm-up compiles every range the first compile did not, each at the first
         # warm-up size it holds: its largest (Inductor tunes its kernels there).
         compiled_at = [c["n"] for c in warm_up if c["compiled"]]
@@ -1278,7 +1316,7 @@ class TestGraphSessions(CollectiveTestCase):
             )
         )
         self.assertEqual([c["records"] for c in a], [c["records"] for c in b])
-        cells = cells_of(a[0]["records"][:5])
+        cells = cells_of(a[0]["records"])
         # One compile, whose four sites dispatch by size; every size runs its winner.
         self.assertEqual([c["compiled"] for c in a], [1] + [0] * (len(a) - 1))
         self.assertEqual(a[0]["dispatching_sites"], 4)

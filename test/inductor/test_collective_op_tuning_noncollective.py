@@ -14,7 +14,7 @@ about it), each of which ``docs/source/collective_autotuning.md`` lists so that 
 become a patch of its own. A named fix whose upstream does not fail is stale and fails
 here too.
 
-Runs on any supported minor (2.11, 2.13, 2.14); skips where the overlay is not applied
+Runs on any supported minor (2.11, 2.13, 2.14, 2.15); skips where the overlay is not applied
 to the running torch. About 80 seconds per minor on a 2-core CPU: the two processes run
 side by side, each compiling every scenario in a fresh Dynamo and Inductor cache.
 """
@@ -120,6 +120,8 @@ NAMED_FIXES: dict[tuple[str, str], NamedFix] = {
     ("2.13", "one_config"): _RAISES_ALONE,
     ("2.14", "raises_while_traced"): _RAISES,
     ("2.14", "one_config"): _RAISES_ALONE,
+    ("2.15", "raises_while_traced"): _RAISES,
+    ("2.15", "one_config"): _RAISES_ALONE,
 }
 
 
@@ -303,7 +305,7 @@ class TestNonCollectiveOpsUntouched(TestCase):
         unknown = [key for key in NAMED_FIXES if key[1] not in SCENARIOS]
         self.assertEqual(unknown, [])
         self.assertTrue(
-            all(minor in ("2.11", "2.13", "2.14") for minor, _ in NAMED_FIXES),
+            all(minor in ("2.11", "2.13", "2.14", "2.15") for minor, _ in NAMED_FIXES),
             NAMED_FIXES,
         )
 

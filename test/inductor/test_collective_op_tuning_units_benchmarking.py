@@ -142,9 +142,9 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
         )
         good.validate()
         with self.assertRaisesRegex(
-            ValueError, "collective_benchmark_nruns=0: an int >= 1"
+            ValueError, "collective_benchmark_rounds=0: an int >= 1"
         ):
-            dataclasses.replace(good, nruns=0).validate()
+            dataclasses.replace(good, rounds=0).validate()
         with self.assertRaisesRegex(
             ValueError, "collective_autotune_dynamic_ratio=1: an int >= 2"
         ):
@@ -161,7 +161,7 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
         self.assertEqual(
             set(good.knobs()),
             {
-                "collective_benchmark_nruns",
+                "collective_benchmark_rounds",
                 "collective_benchmark_warmup",
                 "collective_benchmark_timeout",
                 "collective_benchmark_sample_us",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import unittest
+
 import torch
 
 from torch._inductor.kernel.collective.choice_modules import (
@@ -349,6 +351,24 @@ class TestCollectiveOpTuningUnitsChoices(TestCase):
         args = (torch.randn(4, 4), torch.randn(4, 4))
         plain = make_fx(overlapped, tracing_mode="fake")(*args)
         waited = make_fx(with_waits(overlapped, None), tracing_mode="fake")(*args)
+        self.assertEqual(waited.code, plain.code)
+
+    @unittest.skipUnless(
+        hasattr(torch.ops._c10d_functional, "wait_tensors"), "torch 2.15 on"
+    )
+    def test_a_list_waited_for_with_wait_tensors_is_traced_as_written(self):
+        from torch._inductor.kernel.collective.waits import with_waits
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        fc = torch.ops._c10d_functional
+
+        def coalesced(x, y):  # waits for both outputs at once, as funcol traces it
+            a, b = fc.wait_tensors(fc.all_reduce_coalesced([x, y], "sum", "0"))
+            return a + b
+
+        args = (torch.randn(4), torch.randn(4))
+        plain = make_fx(coalesced, tracing_mode="fake")(*args)
+        waited = make_fx(with_waits(coalesced, None), tracing_mode="fake")(*args)
         self.assertEqual(waited.code, plain.code)
 
     # -- code identity -----------------------------------------------------------------

@@ -84,7 +84,7 @@ BenchmarkMode = Literal["auto", "eager", "graph"]
 BENCHMARK_MODES: tuple[BenchmarkMode, ...] = ("auto", "eager", "graph")
 
 _KNOBS = {
-    "nruns": "collective_benchmark_nruns",
+    "rounds": "collective_benchmark_rounds",
     "warmup": "collective_benchmark_warmup",
     "timeout": "collective_benchmark_timeout",
     "sample_us": "collective_benchmark_sample_us",
@@ -116,7 +116,7 @@ class BenchmarkSettings:
     """The collective autotuning knobs of torch._inductor.config; every rank of a group
     must hold the same."""
 
-    nruns: int
+    rounds: int
     warmup: int
     timeout: float
     sample_us: float
@@ -146,7 +146,7 @@ class BenchmarkSettings:
     def validate(self) -> None:
         problems = []
         for knob, value, least in (
-            ("collective_benchmark_nruns", self.nruns, 1),
+            ("collective_benchmark_rounds", self.rounds, 1),
             ("collective_benchmark_warmup", self.warmup, 1),
             ("collective_autotune_dynamic_max", self.dynamic_max, 1),
             ("collective_autotune_dynamic_ratio", self.dynamic_ratio, 2),
@@ -657,9 +657,9 @@ class CollectiveBenchmarker:
 
     def _rounds(self, batches: list[_Batch | None], first_call_us: list[float]) -> int:
         """Rounds that fit every choice's calls in the timeout (at least the first
-        rounds), at most ``nruns``; the same on every rank."""
+        rounds), at most ``rounds``; the same on every rank."""
         budget_us = self.settings.timeout * 1e6
-        rounds = self.settings.nruns
+        rounds = self.settings.rounds
         for batch, t in zip(batches, first_call_us):
             if batch is None or not math.isfinite(t) or t <= 0:
                 continue

@@ -675,3 +675,64 @@ def _sharing_traces(
 
     _trace_states[shared] = _TraceState(traces=state.traces)
     return shared
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementations:
+    """A call site's implementations as upstream's custom_op hands them over: each
+    decomposition with its arguments and config patches."""
+
+    op: torch._ops.OpOverload
+    decompositions: Sequence[Callable[..., Any]]
+    non_tensor_args: Sequence[dict[str, Any]]
+    config_patches: Sequence[dict[str, Any]] | None = None
+
+    def labels(self) -> list[str]:
+        """The labels of the implementations, as records and logs name them."""
+        schema = schema_arguments(self.op)
+        return [
+            label(d.__name__, kwargs, schema)
+            for d, kwargs in zip(self.decompositions, self.non_tensor_args)
+        ]
+
+    def as_given(
+        self,
+    ) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[Any] | None]:
+        return (
+            list(self.decompositions),
+            list(self.non_tensor_args),
+            None if self.config_patches is None else list(self.config_patches),
+        )
+
+    def to_trace(
+        self, winner: str | None, among: Sequence[str] | None = None
+    ) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[Any] | None]:
+        """The implementations to trace, guarded, with their arguments and config
+        patches: those ``among`` (default all), or only the ``winner`` the group
+        decided already. Upstream gives the op's own the first one's arguments: the
+        first stays, traced cheaply as the op itself where it is not wanted."""
+        labels = self.labels()
+        wanted = {winner} if winner is not None else set(among or labels)
+        keep = [i for i, name in enumerate(labels) if i == 0 or name in wanted]
+        traced = [guarded_implementation(d, self.op) for d in self.decompositions]
+        if labels[0] not in wanted:
+            traced[0] = the_op_itself(self.op, schema_arguments(self.op))
+
+        def kept(items: Sequence[Any] | None) -> Any:
+            return None if items is None else [items[i] for i in keep]
+
+        return kept(traced), kept(self.non_tensor_args), kept(self.config_patches)
+
+    def winner(self, winner: str) -> RangeWinner:
+        """A decided ``winner``, untraced: its implementation, or the op's own."""
+        labels = self.labels()
+        if winner not in labels:
+            return RangeWinner.create(winner, None, {}, None, self.op)
+        i = labels.index(winner)
+        return RangeWinner.create(
+            winner,
+            guarded_implementation(self.decompositions[i], self.op),
+            self.non_tensor_args[i],
+            None if self.config_patches is None else self.config_patches[i],
+            self.op,
+        )

@@ -9,10 +9,12 @@ miss, so that a warm rank never skips a session its cold peers wait in."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -33,6 +35,7 @@ from torch._inductor.kernel.collective.records import (
     CollectiveAutotuneRecord,
     keep_record,
     keep_size_path,
+    Measurement,
     SizePath,
     SizePathRecord,
     Source,
@@ -123,6 +126,25 @@ class GroupChoice(WireMessage):
     provisional: bool = False
     # Provisional only for want of confidence: a ladder may still take it as incumbent.
     unsure: bool = dataclasses.field(default=False, compare=False)
+    # Slowest-rank median microseconds of each choice timed for the key: a dynamic
+    # site's ranges follow from them, alike wherever the decision is read.
+    timings_us: dict[str, float] = dataclasses.field(
+        default_factory=dict, compare=False
+    )
+    # Their samples' quartiles: within them, no timing tells two choices apart.
+    low_us: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
+    high_us: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
+
+    def measurement(self, size: int) -> Measurement:
+        """The decision as a dynamic call site's probe at ``size`` reads it."""
+        return Measurement(
+            size,
+            self.winner,
+            self.timings_us,
+            not self.provisional or self.unsure,
+            self.low_us,
+            self.high_us,
+        )
 
 
 def decided(decisions: GroupDecisions, key: str) -> GroupChoice | None:
@@ -690,16 +712,11 @@ def _failures(per_rank: list[dict[str, str]]) -> dict[str, str]:
 
 
 def settle_key(
-    session: GroupSession,
-    key: str,
-    choice: GroupChoice,
-    op: str,
-    environment: Environment,
-    code: dict[str, str],
+    session: GroupSession, key: str, choice: GroupChoice, site: SettledSite
 ) -> GroupChoice:
     """Publish ``choice`` for ``key`` and return the stored decision: the first one
-    published for a key is the group's. The graph's cache entry records it with
-    ``environment`` and the ``code`` identities it holds for."""
+    published for a key is the group's. The graph's cache entry records it with the
+    ``site`` it was made for."""
     stored = session.settled.get(key)
     if stored is None:
         # A decision never changes: what this process knows is what the Store holds.
@@ -722,12 +739,24 @@ def settle_key(
         session.plan,
         key,
         stored.winner,
-        op,
-        environment,
-        code,
+        site.name,
+        site.environment,
+        site.code,
         stored.provisional,
+        site=site.autotune_name,
     )
     return stored
+
+
+@dataclasses.dataclass(frozen=True)
+class SettledSite:
+    """What a graph's cache entry keeps of the call site a decision was made for."""
+
+    name: str  # the site's (a probe's: its range's) autotuning name
+    autotune_name: str  # the call site's, for its size path
+    environment: Environment
+    # The code identity of each implementation the decision holds for.
+    code: dict[str, str]
 
 
 # -- the FX-graph cache gate ---------------------------------------------------------
@@ -740,11 +769,12 @@ def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     decisions = []
     for session in _graph_sessions.get(graph, {}).values():
         for decision in session.inlined.values():
-            path = dispatch.size_path_of(graph, decision.op)
+            path = dispatch.size_path_of(graph, decision.site)
             decisions.append(
                 dataclasses.replace(
                     decision,
                     guarded_range=guarded,
+                    qualified_op=path.op if path else "",
                     size_path=path.path.value if path else "",
                     winners=path.winners if path else (),
                 )
@@ -779,6 +809,27 @@ def _sites_of(
     return sites
 
 
+# True while an engine loads a compiled artifact it saved (loading_saved_artifact).
+_loading_saved: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "loading_saved_collective_artifact", default=False
+)
+
+
+@contextlib.contextmanager
+def loading_saved_artifact() -> Iterator[None]:
+    """While an engine loads an artifact it saved (standalone_compile's
+    CompiledArtifact.load): its graphs run the decisions they were saved with,
+    provisional ones and those this job decided otherwise included, where environment
+    and code are unchanged. Such a load compiles nothing to fall back on, and refusing
+    its entry fails it (vLLM's standalone path); a provisional decision is timed again
+    when the engine next compiles."""
+    token = _loading_saved.set(True)
+    try:
+        yield
+    finally:
+        _loading_saved.reset(token)
+
+
 def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
     """Whether this rank alone can use a cached graph inlining ``decisions``: none
     provisional, all made in this environment for today's code. No network: the cache
@@ -792,12 +843,15 @@ def cached_graph_usable(decisions: Sequence[InlinedDecision]) -> bool:
     if unguarded is not None:
         log.info("a cached graph is passed over: %s", unguarded)
         return False
+    saved = _loading_saved.get()
     for (group_name, _), inlined in sorted(sites.items()):
         group = _resolve(group_name)
         why_not = (
             f"it was compiled for group {group_name}, which this job does not have"
             if group is None
-            else _why_not_loadable(group, inlined, _held_here(group, inlined))
+            else _why_not_loadable(
+                group, inlined, {} if saved else _held_here(group, inlined), saved
+            )
         )
         if why_not:
             log.info("a cached graph is passed over: %s", why_not)
@@ -819,7 +873,8 @@ def _held_here(
 
 def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
     """Whether every group whose decisions a cache hit inlines takes them: decided so
-    already in this attempt, or every rank loaded this same graph. False turns the hit
+    already in this attempt, or every rank loaded this same graph, or it is part of an
+    artifact the engine saved (loading_saved_artifact). False turns the hit
     into a miss; the session joined passes to the compile that follows. Called after
     the cache lookup, before a hit is used, so that the lookup does no network."""
     if not decisions:
@@ -835,21 +890,24 @@ def group_takes_cached_graph(decisions: Sequence[InlinedDecision]) -> bool:
 
     dynamo_callbacks.install(compiling=True)
     settings = BenchmarkSettings.from_config()
+    # An artifact the engine saved is each rank's own to load (cached_graph_usable
+    # checked it): no vote, as for a model loaded whole (aot_compile).
+    saved = _loading_saved.get()
     for (group_name, plan), inlined in sorted(sites.items()):
-        if not _group_loads(group_name, plan, inlined, settings):
+        if not saved and not _group_loads(group_name, plan, inlined, settings):
             return False
     for decision in decisions:
         _keep_cached(decision)
-    for op, path, guarded, winners in sorted(
+    for op, site, path, guarded, winners in sorted(
         {
-            (d.op.rsplit("_range_", 1)[0], d.size_path, d.guarded_range, d.winners)
+            (d.qualified_op, d.site, d.size_path, d.guarded_range, d.winners)
             for d in decisions
             if d.size_path
         }
     ):
         keep_size_path(
             SizePathRecord(
-                op, SizePath(path), "loaded from the cache", guarded, winners
+                op, site, SizePath(path), "loaded from the cache", guarded, winners
             )
         )
     return True
@@ -906,14 +964,16 @@ def _why_not_loadable(
     group: ProcessGroup,
     inlined: list[InlinedDecision],
     held: dict[str, GroupChoice | None],
+    provisional_ok: bool = False,
 ) -> str:
     """Why this rank cannot load the cached decisions ``inlined``, or "": the group
-    decided otherwise (``held``), one is provisional, or environment or code changed."""
+    decided otherwise (``held``), one is provisional (unless ``provisional_ok``), or
+    environment or code changed."""
     for d in inlined:
         holds = held.get(d.key)
         if holds is not None and holds != GroupChoice(d.winner, d.provisional):
             return f"it inlines {d.winner} for {d.op}, the group decided {holds.winner}"
-        if d.provisional and holds is None:
+        if d.provisional and holds is None and not provisional_ok:
             return (
                 f"its decision for {d.op} was provisional in an earlier job (a "
                 "fallback, or timed without confidence)"

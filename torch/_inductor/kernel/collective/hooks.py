@@ -19,9 +19,9 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor.kernel.collective import (
-    dispatch,
     dynamo_callbacks,
     graph_sessions,
+    recorded_artifacts,
     selection,
 )
 from torch._inductor.kernel.collective.choice_modules import (
@@ -34,14 +34,11 @@ from torch._inductor.kernel.collective.choices import (
     choice_label,
     complete_default_choice,
     DEFAULT,
-    guarded_implementation,
-    label,
+    Implementations,
     own_output,
     own_waits,
     RangeWinner,
     register,
-    schema_arguments,
-    the_op_itself,
     trace_failure,
     traced_once,
 )
@@ -57,12 +54,22 @@ from torch._inductor.kernel.collective.detection import (
     synchronised_group,
 )
 from torch._inductor.kernel.collective.dispatch import (
-    data_dependent_size,
-    dynamic_ladder,
     lower_size_dispatch,
     untuned_at_data_dependent_size,
 )
-from torch._inductor.kernel.collective.graph_sessions import inlined_decisions
+from torch._inductor.kernel.collective.ladder import (
+    data_dependent_size,
+    dynamic_ladder,
+)
+from torch._inductor.kernel.collective.ladder_lowering import (
+    current_probe,
+    Probing,
+    tuned_ranges,
+)
+from torch._inductor.kernel.collective.graph_sessions import (
+    inlined_decisions,
+    loading_saved_artifact,
+)
 from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
     collective_autotune_size_paths,
@@ -100,10 +107,12 @@ __all__ = [
     "collective_output_node",
     "detect_collective",
     "dynamic_ladder",
+    "forget_recorded",
     "format_record",
     "group_takes_cached_entry",
     "group_takes_cached_graph",
     "inlined_decisions",
+    "loading_saved_artifact",
     "lower_size_dispatch",
     "lowered_once",
     "note_registration",
@@ -111,6 +120,7 @@ __all__ = [
     "select_collective_choice",
     "to_inline",
     "traced_once",
+    "tuned_ranges",
     "winner_change_points",
 ]
 
@@ -145,88 +155,101 @@ def prepare_choices(
 ]:
     """Ready an op's inputs and (guarded) implementations before its choices are traced.
 
-    Returns those to trace, their arguments and config patches, and a settled range's
-    winner to return untraced (else None). A key the group decided already traces only
-    its winner; a data-dependent size traces none (upstream lowers the op's own).
+    Returns those to trace, their arguments and config patches, and a dynamic site's
+    probe that the group decided already, to return untraced (else None). A key the
+    group decided already traces only its winner; a data-dependent size traces none
+    (upstream lowers the op's own).
     """
+    implementations = Implementations(
+        op, decompositions, non_tensor_args, config_patches_list
+    )
     if untuned_at_data_dependent_size(op, inputs):
         _realize(inputs)
         return [], list(non_tensor_args[:1]), None, None
     if _switched_off(op, (non_tensor_args or [{}])[0]):
         _realize(inputs)
-        traced, args, patches = _to_trace(
-            DEFAULT,
-            _labels(decompositions, non_tensor_args, op),
-            decompositions,
-            non_tensor_args,
-            config_patches_list,
-            op,
-        )
-        return traced, args, patches, None
-    labels, site = _prepare_site(
-        name,
-        decompositions,
-        non_tensor_args,
-        inputs,
-        op,
-        min_speedup_threshold,
-        benchmark_with_cudagraphs,
-    )
-    known = _known_range_winner(site)
-    if known is not None:
-        winner = _range_winner(
-            known, labels, decompositions, non_tensor_args, config_patches_list, op
-        )
-        return list(decompositions), list(non_tensor_args), config_patches_list, winner
+        return (*implementations.to_trace(DEFAULT), None)
+    timing = SiteTiming(min_speedup_threshold, benchmark_with_cudagraphs)
+    probing = current_probe()
+    if probing is not None:
+        return _prepare_probe(probing, name, implementations, inputs, timing)
+    site = _prepare_site(name, implementations, inputs, timing)
     decided = selection.decided_before_tracing(site) if site is not None else None
-    traced, args, patches = _to_trace(
-        decided, labels, decompositions, non_tensor_args, config_patches_list, op
-    )
-    return traced, args, patches, None
+    return (*implementations.to_trace(decided), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteTiming:
+    """How upstream asks a call site's choices to be timed."""
+
+    min_speedup_threshold: float
+    benchmark_with_cudagraphs: bool
 
 
 def _prepare_site(
     name: str,
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
+    implementations: Implementations,
     inputs: Sequence[Any],
-    op: torch._ops.OpOverload,
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
-) -> tuple[list[str], selection.CallSite | None]:
-    """The implementations' labels, and the call site where tuned collectively."""
+    timing: SiteTiming,
+) -> selection.CallSite | None:
+    """The call site of op ``name`` where tuned collectively (else None), its inputs
+    realized."""
     neighbours = neighbours_of_site(inputs)
     _realize(inputs)
-    labels = _labels(decompositions, non_tensor_args, op)
     site = selection.prepare_site(
         name,
-        labels,
-        decompositions,
+        implementations.labels(),
+        implementations.decompositions,
         inputs,
-        op,
-        non_tensor_args,
-        min_speedup_threshold,
-        benchmark_with_cudagraphs,
+        implementations.op,
+        implementations.non_tensor_args,
+        timing.min_speedup_threshold,
+        timing.benchmark_with_cudagraphs,
         neighbours,
     )
     if site is not None:
         dynamo_callbacks.install(compiling=True)
-    return labels, site
+    return site
 
 
-def _known_range_winner(site: selection.CallSite | None) -> str | None:
-    """The winner of the site's range where the range lies outside this graph's sizes or
-    an earlier site of the graph settled it; else None."""
+def _prepare_probe(
+    probing: Probing,
+    name: str,
+    implementations: Implementations,
+    inputs: Sequence[Any],
+    timing: SiteTiming,
+) -> tuple[
+    list[Callable[..., Any]],
+    list[dict[str, Any]],
+    list[dict[str, Any]] | None,
+    RangeWinner | None,
+]:
+    """:func:`prepare_choices` for a dynamic site's probe (upstream's range ``name``):
+    a decision the group holds already is returned untraced (recorded unless its range
+    lies outside this graph's), else the probe's choices are traced."""
+    ladder = probing.tuning.ladder
+    site = probing.tuning.probe_site(
+        probing.probe,
+        name,
+        lambda: _prepare_site(ladder.name, implementations, inputs, timing),
+    )
     if site is None:
-        return None
-    outside = selection.range_outside_this_graph(site)
+        return (*implementations.to_trace(None), None)
+    outside = probing.tuning.known_outside(probing.probe)
     if outside is not None:
-        return outside
+        from torch._dynamo.utils import counters
+
+        counters["inductor"]["collective_autotune_ranges_outside"] += 1
+        probing.measurement = outside
+        return (*implementations.as_given(), implementations.winner(outside.winner))
     settled = selection.settled_range(site)
-    if settled is None:
-        return None
-    _keep(settled)
-    return settled.winner
+    if settled is not None:
+        _keep(settled)
+        probing.measurement = settled.measurement
+        return (*implementations.as_given(), implementations.winner(settled.winner))
+    selection.prepare_probe(site)
+    decided = selection.decided_before_tracing(site)
+    return (*implementations.to_trace(decided, site.labels), None)
 
 
 def _switched_off(op: torch._ops.OpOverload, arguments: dict[str, Any]) -> bool:
@@ -237,19 +260,6 @@ def _switched_off(op: torch._ops.OpOverload, arguments: dict[str, Any]) -> bool:
     return not config.collective_autotune and call_names_a_group(op, arguments)
 
 
-def _labels(
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
-    op: torch._ops.OpOverload,
-) -> list[str]:
-    """The labels of the op's implementations, as records and logs name them."""
-    schema = schema_arguments(op)
-    return [
-        label(d.__name__, kwargs, schema)
-        for d, kwargs in zip(decompositions, non_tensor_args)
-    ]
-
-
 def _realize(inputs: Sequence[Any]) -> None:
     """Realize the op's unrealized (pointwise) inputs, which have no strides yet."""
     from torch._inductor.ir import TensorBox
@@ -257,51 +267,6 @@ def _realize(inputs: Sequence[Any]) -> None:
     for inp in inputs:
         if isinstance(inp, TensorBox):
             inp.realize()
-
-
-def _range_winner(
-    winner: str,
-    labels: Sequence[str],
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
-    config_patches_list: Sequence[dict[str, Any]] | None,
-    op: torch._ops.OpOverload,
-) -> RangeWinner:
-    """A settled range's ``winner``, untraced: its implementation, or the op's own."""
-    i = labels.index(winner) if winner in labels else None
-    return RangeWinner.create(
-        winner,
-        None if i is None else guarded_implementation(decompositions[i], op),
-        {} if i is None else non_tensor_args[i],
-        None if i is None or config_patches_list is None else config_patches_list[i],
-        op,
-    )
-
-
-def _to_trace(
-    winner: str | None,
-    labels: Sequence[str],
-    decompositions: Sequence[Callable[..., Any]],
-    non_tensor_args: Sequence[dict[str, Any]],
-    config_patches_list: Sequence[dict[str, Any]] | None,
-    op: torch._ops.OpOverload,
-) -> tuple[list[Callable[..., Any]], list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The implementations to trace, their arguments and config patches: all, or only
-    the first and the ``winner`` the group decided already."""
-    keep = list(range(len(decompositions)))
-    traced = [guarded_implementation(d, op) for d in decompositions]
-    if winner is not None:
-        keep = [
-            i for i, candidate in enumerate(labels) if i == 0 or candidate == winner
-        ]
-        if labels[0] != winner:
-            # Upstream gives the op's own the first one's arguments: trace it cheaply.
-            traced[0] = the_op_itself(op, schema_arguments(op))
-
-    def kept(items: Sequence[Any] | None) -> Any:
-        return None if items is None else [items[i] for i in keep]
-
-    return kept(traced), kept(non_tensor_args), kept(config_patches_list)
 
 
 def detect_collective(
@@ -400,10 +365,14 @@ def cached_graph_usable(graph: CompiledFxGraph) -> bool:
     return graph_sessions.cached_graph_usable(graph.collective_decisions)
 
 
-def group_takes_cached_graph(graph: CompiledFxGraph) -> bool:
-    """For ``FxGraphCache.load_with_key``'s hit: whether each decision's group takes it
-    (every rank loaded the same graph). False: a miss, which the group compiles."""
-    return graph_sessions.group_takes_cached_graph(graph.collective_decisions)
+def group_takes_cached_graph(graph: CompiledFxGraph, key: str) -> bool:
+    """For ``FxGraphCache.load_with_key``'s hit of ``key``: whether each decision's group
+    takes it (every rank loaded the same graph). False: a miss, which the group
+    compiles, and the hit is no artifact of this compile (recorded_artifacts)."""
+    if graph_sessions.group_takes_cached_graph(graph.collective_decisions):
+        return True
+    recorded_artifacts.forget("inductor", key)
+    return False
 
 
 def cached_entry_usable(entry: Any) -> bool:
@@ -411,11 +380,21 @@ def cached_entry_usable(entry: Any) -> bool:
     return all(cached_graph_usable(graph) for graph in _bundled_graphs(entry))
 
 
-def group_takes_cached_entry(entry: Any) -> bool:
+def group_takes_cached_entry(entry: Any, key: str) -> bool:
     """:func:`group_takes_cached_graph` for an AOTAutograd cache hit's graphs."""
-    return graph_sessions.group_takes_cached_graph(
+    if graph_sessions.group_takes_cached_graph(
         [d for graph in _bundled_graphs(entry) for d in graph.collective_decisions]
-    )
+    ):
+        return True
+    recorded_artifacts.forget("aot_autograd", key)
+    return False
+
+
+def forget_recorded(artifact_type: str, key: str) -> None:
+    """For AOTAutogradCache.try_load's hit whose compiled graphs were not found (an FX
+    graph whose decisions this rank cannot take): the entry is no artifact of this
+    compile (recorded_artifacts)."""
+    recorded_artifacts.forget(artifact_type, key)
 
 
 def _bundled_graphs(entry: Any) -> list[CompiledFxGraph]:
@@ -529,7 +508,9 @@ def _finish(
             f"which this rank does not have; its choices: {list(by_label)}"
         )
     log.debug("%s: %s is Inductor's choice %s", record.op, record.winner, choice.name)
-    if dispatch.is_range(record.op):
+    probing = current_probe()
+    if probing is not None:
+        probing.measurement = record.measurement
         return RangeWinner.of(choice, by_label[DEFAULT])
     return choice
 

@@ -30,6 +30,9 @@ class GuardedRange:
     size: Any  # sympy expression
     low: float  # 0 below the first range
     high: float  # math.inf above the last
+    # Whether this lowering added a guard for it; False where the shape environment or
+    # the engine's compile range already holds every size in it.
+    guarded: bool
 
     def __str__(self) -> str:
         high = "inf" if self.high == math.inf else str(int(self.high))
@@ -105,7 +108,7 @@ def _known(size: Any, tops: Sequence[float]) -> tuple[GuardedRange, str] | None:
         if len([t for t in tops if low < t <= high]) != 1:
             return None
         known[key] = (
-            GuardedRange(size, low, high),
+            GuardedRange(size, low, high, guarded=False),
             f"its sizes lie in one range already: {why}",
         )
     return known[key]
@@ -115,7 +118,7 @@ def unchecked_guards() -> str | None:
     """Why this compile's shape guards will not be checked before each call with a
     recompile on failure (guard filters, aot/standalone compile, export); None if so."""
     from torch._dynamo import eval_frame
-    from torch._dynamo.convert_frame import compiling_frame_hooks
+    from torch._guards import CompileContext
 
     context = torch._guards.TracingContext.try_get()
     if context is None:
@@ -130,7 +133,8 @@ def unchecked_guards() -> str | None:
         ),
         None,
     )
-    hooks = compiling_frame_hooks()
+    compile_context = CompileContext.try_get()
+    hooks = compile_context.frame_hooks if compile_context is not None else None
     if shape_guard is None or hooks is None:
         return (
             "the graph is not compiled by a Dynamo frame's guarded compile "
@@ -199,10 +203,10 @@ def _guard(size: Any, tops: Sequence[float]) -> GuardedRange:
     partition = _partition(size)
     partition.update(tops)
     low = 0.0
-    cell = GuardedRange(size, low, math.inf)
+    cell = GuardedRange(size, low, math.inf, guarded=True)
     for top in sorted(partition):
         if top == math.inf or V.graph.sizevars.evaluate_expr(sympy.Le(size, int(top))):
-            cell = GuardedRange(size, low, top)
+            cell = GuardedRange(size, low, top, guarded=True)
             break
         low = top
     _guarded.setdefault(V.graph, []).append(cell)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any, TYPE_CHECKING, TypeVar
@@ -68,6 +69,46 @@ def _node_meta(node: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Measurement:
+    """What the group decided and measured for one size of a dynamic call site."""
+
+    size: int
+    winner: str
+    # Slowest-rank median microseconds of each choice timed there, as the group keeps
+    # them for the key; empty where it was decided untimed.
+    timings_us: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # False for a decision taken without timing (a fallback): it proves nothing.
+    measured: bool = True
+    # The quartiles of each choice's samples (slowest rank), where known.
+    low_us: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    high_us: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def us(self, choice: str) -> float:
+        """``choice``'s time here, inf where it was not timed or failed."""
+        t = self.timings_us.get(choice, math.inf)
+        return t if math.isfinite(t) else math.inf
+
+    def acceptable(self, choice: str, tolerance: float) -> bool:
+        """Whether ``choice`` is within ``tolerance`` of the fastest here, or its
+        samples overlap the fastest's (no timing here tells them apart)."""
+        if not self.timings_us:
+            return False
+        best = min(sorted(self.timings_us), key=self.us)
+        if not math.isfinite(self.us(best)) or not math.isfinite(self.us(choice)):
+            return False
+        low = self.low_us.get(choice, self.us(choice))
+        return self.us(choice) <= self.us(best) * (1 + tolerance) or low <= (
+            self.high_us.get(best, self.us(best))
+        )
+
+    def fastest(self) -> str:
+        """The fastest choice here (of equals, the first by name), else the winner."""
+        if not self.timings_us:
+            return self.winner
+        return min(sorted(self.timings_us), key=self.us)
+
+
+@dataclasses.dataclass(frozen=True)
 class CollectiveAutotuneRecord:
     """What one rank decided for one call site; alike on all ranks but the timings."""
 
@@ -93,6 +134,13 @@ class CollectiveAutotuneRecord:
     tuning_s: float = dataclasses.field(default=0.0, compare=False)
     phases: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
     store_requests: int = dataclasses.field(default=0, compare=False)
+    # A dynamic call site's probe: the size decided and what was measured there.
+    measurement: Measurement | None = None
+
+    @property
+    def size(self) -> int | None:
+        """The size a dynamic call site's probe decided; None for a static site."""
+        return self.measurement.size if self.measurement is not None else None
 
 
 class SizePath(str, enum.Enum):
@@ -108,7 +156,9 @@ class SizePath(str, enum.Enum):
 class SizePathRecord:
     """How one dynamic-size call site runs each size's winner, and why."""
 
+    # The op's qualified name ("ns::name") and its autotuning name.
     op: str
+    name: str
     path: SizePath
     reason: str
     # e.g. "s0 in (64, inf]"; "" for every size.
@@ -143,13 +193,13 @@ def keep_size_path(record: SizePathRecord) -> None:
 
 
 def winner_change_points(op: str | None = None) -> list[int]:
-    """Ascending sizes after which a tuned dynamic-size op (name prefixed ``op``)
-    changes winner: split points for an engine that compiles per size range."""
+    """Ascending sizes after which the dynamic-size call sites this process lowered
+    (of op ``op``, a qualified name "ns::name", or of every op) change winner."""
     return sorted(
         {
             int(top)
             for record in _size_paths
-            if op is None or record.op.startswith(op)
+            if op is None or record.op == op
             for top, _ in record.winners[:-1]
         }
     )

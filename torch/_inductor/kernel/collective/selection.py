@@ -1,7 +1,7 @@
 """One collective-tuned call site's decision: the group's, identical on every rank.
 
-Before tracing, :func:`prepare_site` describes the call (:class:`CallSite`), and
-:func:`range_outside_this_graph`, :func:`settled_range` and
+Before tracing, :func:`prepare_site` describes the call (:class:`CallSite`; a dynamic
+site's probes are its :meth:`CallSite.probe`), and :func:`settled_range` and
 :func:`decided_before_tracing` find sites whose winner is known, so that little or
 nothing is traced. After tracing, :func:`decide_site` takes the group's decision from
 the graph's session (graph_sessions.py): made earlier in the job, stored on disk and
@@ -19,7 +19,7 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._dispatch.python import no_python_dispatcher
-from torch._inductor.kernel.collective import dispatch, graph_sessions
+from torch._inductor.kernel.collective import graph_sessions
 from torch._inductor.kernel.collective.choice_modules import Neighbours
 from torch._inductor.kernel.collective.choices import (
     choice_label,
@@ -37,10 +37,11 @@ from torch._inductor.kernel.collective.detection import (
 from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
     GroupSession,
+    SettledSite,
     SiteDecision,
     SiteReport,
 )
-from torch._inductor.kernel.collective.range_graphs import range_of_this_graph
+from torch._inductor.kernel.collective.ladder import Incumbent
 from torch._inductor.kernel.collective.records import (
     Action,
     CollectiveAutotuneRecord,
@@ -65,7 +66,9 @@ from torch._inductor.runtime.collective_benchmarking import (
 from torch._inductor.runtime.collective_confidence import Confidence, judge
 from torch._inductor.runtime.collective_decisions import (
     DecisionStore,
+    digest,
     environment,
+    KeptLadder,
     StoredDecision,
 )
 from torch._inductor.runtime.collective_protocol import (
@@ -99,10 +102,44 @@ class CallSite:
     min_speedup_threshold: float
     neighbours: Neighbours
     key: str
-    incumbent: dispatch.Incumbent | None = None  # for a ladder range
+    incumbent: Incumbent | None = None  # for a dynamic site's probe
     # Positions of the tensor inputs the op declares it writes into.
     mutable: tuple[int, ...] = ()
     prepared_at: float = dataclasses.field(default_factory=time.monotonic)
+    # A dynamic site's probe: the size its choices are timed at; None for a static one.
+    size: int | None = None
+    # The call site's autotuning name, which a dynamic site's probes share.
+    autotune_name: str = ""
+
+    def probe(
+        self,
+        name: str,
+        size: int,
+        choices: tuple[str, ...] | None,
+        incumbent: Incumbent | None,
+    ) -> CallSite:
+        """This dynamic site's probe at ``size`` (lowered as ``name``) among
+        ``choices`` (None: all), keyed by the site, the size and the choices."""
+        labels = self.labels if choices is None else tuple(choices)
+        return dataclasses.replace(
+            self,
+            name=name,
+            labels=labels,
+            key=digest(self.key, size, labels),
+            incumbent=incumbent,
+            size=size,
+            autotune_name=self.name,
+            prepared_at=time.monotonic(),
+        )
+
+    def settled_site(self) -> SettledSite:
+        """What a graph's cache entry keeps of this site with its decisions."""
+        return SettledSite(
+            self.name,
+            self.autotune_name or self.name,
+            environment(self.group, self.device),
+            self.code,
+        )
 
 
 # Per graph, by op name: sites prepared before tracing, taken by decide_site.
@@ -214,11 +251,11 @@ def _once_per_graph(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
 
 
 def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
-    """The record of a ladder range whose key is settled already (by an earlier site
-    or compile) and can be taken without asking the group, so no choice is traced;
+    """The record of a dynamic site's probe whose key is settled already (by an earlier
+    site or compile) and can be taken without asking the group, so no choice is traced;
     None otherwise. Every rank takes it exactly as :func:`decide_site` would."""
     session = graph_sessions.joined_session(site.group)
-    if session is None or not dispatch.is_range(site.name):
+    if session is None:
         return None
     decision = graph_sessions.decided_without_group(session, site.key, DEFAULT)
     if decision is None:
@@ -231,113 +268,37 @@ def settled_range(site: CallSite) -> CollectiveAutotuneRecord | None:
         session,
         site.key,
         GroupChoice(decision.choices[0], decision.provisional),
-        site.name,
-        environment(site.group, site.device),
-        site.code,
+        site.settled_site(),
     )
     return _record(
         site,
         session,
         dataclasses.replace(decision, choices=(choice.winner,)),
         (),
-        choice.winner,
+        choice,
         started,
     )
 
 
 def decided_before_tracing(site: CallSite) -> str | None:
     """The group's decision for ``site``'s key if already known (a Store read, no
-    waiting); also records a ladder range's incumbent."""
+    waiting)."""
     session = graph_sessions.joined_session(site.group)
     if session is not None and site.key in session.settled:
         return session.settled[site.key].winner
     decisions = graph_sessions.group_decisions(site.group, site.settings.timeout)
-
-    def winner_of(range_name: str) -> str | None:
-        choice = graph_sessions.decided(decisions, _range_key(site, range_name))
-        measured = choice is not None and (not choice.provisional or choice.unsure)
-        return choice.winner if measured else None
-
-    ladder, _ = dispatch.ladder_of(site.name) or (None, None)
-    _prepared_sites()[site.name] = dataclasses.replace(
-        site,
-        incumbent=dispatch.incumbent(ladder, site.name, winner_of) if ladder else None,
-    )
     choice = graph_sessions.decided(decisions, site.key)
     return None if choice is None else choice.winner
 
 
-def _range_key(site: CallSite, range_name: str) -> str:
-    """The key of range ``range_name`` of the ladder holding ``site``'s range."""
-    return site_key(
-        range_name,
-        site.inputs,
-        site.labels,
-        site.mode,
-        site.min_speedup_threshold,
-        site.neighbours,
-        site.code,
-    )
-
-
-# Per graph, by ladder-range key: its winner if outside this graph's range, else None.
-_outside: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def range_outside_this_graph(site: CallSite) -> str | None:
-    """The winner of a ladder range outside the sizes this range graph is compiled
-    for, returned untraced and unrecorded; None where the range is lowered as usual.
-
-    Applies only where this rank already holds every range's decision (no Store
-    request) and the session does not vote, so ranks may lower different keys."""
-    from torch._dynamo.utils import counters
-    from torch._inductor.virtualized import V
-
-    ladder = dispatch.ladder_of(site.name)
-    if ladder is None:
-        return None
-    outside = _outside.setdefault(V.graph, {})
-    if site.key not in outside:
-        outside.update(_ranges_outside(site, *ladder))
-    winner = outside[site.key]
-    if winner is not None:
-        counters["inductor"]["collective_autotune_ranges_outside"] += 1
-    return winner
-
-
-def _ranges_outside(
-    site: CallSite, names: Sequence[str], dim: int
-) -> dict[str, str | None]:
-    """By key: the winner of each range of ladder ``names`` outside this graph's range,
-    None inside; None for all where that range cannot be fixed before lowering."""
-    keys = {name: _range_key(site, name) for name in names}
+def known_decision(site: CallSite) -> GroupChoice | None:
+    """The group's decision for ``site``'s key where this rank holds it already and
+    needs no vote for it (the session does not vote); None otherwise."""
     session = graph_sessions.session_for(site.group, site.settings)
-    known = {name: session.decisions.known(key) for name, key in keys.items()}
-    lower_all = dict.fromkeys(keys.values())
-    if session.votes or None in known.values():
-        return lower_all
-    winners = {name: GroupChoice.decode(raw).winner for name, raw in known.items()}
-    tops = [
-        dispatch.range_bounds(name)[1]
-        for name, following in zip(names, [*names[1:], None])
-        if following is None or winners[following] != winners[name]
-    ]
-    cell, _ = range_of_this_graph(site.inputs[0].get_size()[dim], tops)
-    if cell is None:
-        return lower_all
-    outside = {}
-    for name, key in keys.items():
-        start, end = dispatch.range_bounds(name)
-        outside[key] = None if cell.low < start and end <= cell.high else winners[name]
-    log.debug(
-        "%s: this graph is compiled for %s; ranges outside it are not lowered: %s",
-        site.name,
-        cell,
-        [name for name, key in keys.items() if outside[key] is not None],
-    )
-    return outside
+    if session.votes:
+        return None
+    known = session.decisions.known(site.key)
+    return None if known is None else GroupChoice.decode(known)
 
 
 def mutable_inputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
@@ -363,6 +324,11 @@ def _prepared_sites() -> dict[str, CallSite]:
     from torch._inductor.virtualized import V
 
     return _prepared.setdefault(V.graph, {})
+
+
+def prepare_probe(site: CallSite) -> None:
+    """Hand a dynamic site's probe, prepared by its ladder, to :func:`decide_site`."""
+    _prepared_sites()[site.name] = site
 
 
 # -- after tracing --------------------------------------------------------------------
@@ -456,18 +422,18 @@ def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
     decision = dataclasses.replace(
         decision, reason=reason, provisional=decision.provisional or unsure
     )
-    source, winner, reason = _settled(
+    source, stored, reason = _settled(
         site, decision, voting, timings, winner, confidence
     )
     if (
         source == Source.BENCHMARK
         and site.incumbent is not None
         and site.incumbent.between
-        and winner == site.incumbent.winner
+        and stored.winner == site.incumbent.winner
     ):
         source = Source.LADDER
     decision = dataclasses.replace(decision, source=source, reason=reason)
-    record = _record(site, voting, decision, timings, winner, started)
+    record = _record(site, voting, decision, timings, stored, started)
     return dataclasses.replace(record, confidence=confidence)
 
 
@@ -566,6 +532,7 @@ class _SiteWork:
             self.site.device,
             self.site.neighbours,
             self.site.mode,
+            any_size=self.site.size is not None,
         )
         self.build_s += time.monotonic() - begin
         return failures
@@ -634,35 +601,46 @@ def _settled(
     timings: tuple[ChoiceTiming, ...],
     winner: str,
     confidence: Confidence | None,
-) -> tuple[Source, str, str]:
-    """(source, winner, reason) of the decision the group keeps; a benchmarked one is
-    also stored on disk, provisional where timed without confidence."""
-    env = environment(site.group, site.device)
+) -> tuple[Source, GroupChoice, str]:
+    """(source, the group's decision as kept, reason) of the decision the group keeps;
+    a benchmarked one is also stored on disk, provisional where timed without
+    confidence. The timings travel with it: from this benchmark, or from disk."""
     unsure = confidence is not None and not confidence.settled
-    stored = graph_sessions.settle_key(
-        voting,
-        site.key,
-        GroupChoice(winner, decision.provisional, unsure=unsure),
-        site.name,
-        env,
-        site.code,
+    measured = GroupChoice(
+        winner,
+        decision.provisional,
+        unsure,
+        {t.name: t.max_us for t in timings},
+        {t.name: t.low_us for t in timings},
+        {t.name: t.high_us for t in timings},
     )
+    persisted = _persisted(site) if decision.source == Source.DISK else None
+    if persisted is not None:
+        measured = dataclasses.replace(
+            measured,
+            timings_us=dict(persisted.timings_us),
+            low_us=dict(persisted.low_us),
+            high_us=dict(persisted.high_us),
+        )
+    stored = graph_sessions.settle_key(voting, site.key, measured, site.settled_site())
     source, reason = decision.source, decision.reason
     if stored.winner != winner:
-        return source, stored.winner, f"the group decided {stored.winner} first"
+        return source, stored, f"the group decided {stored.winner} first"
     if source == Source.BENCHMARK and _persistence_on():
         DecisionStore().save(
             StoredDecision(
                 site.key,
-                env,
+                site.settled_site().environment,
                 winner,
-                {t.name: t.max_us for t in timings},
+                measured.timings_us,
                 provisional=unsure,
                 runner_up=confidence.runner_up if unsure and confidence else "",
                 confidence=confidence.describe() if confidence else "",
+                low_us=measured.low_us,
+                high_us=measured.high_us,
             )
         )
-    return source, winner, reason
+    return source, stored, reason
 
 
 def _record(
@@ -670,7 +648,7 @@ def _record(
     session: GroupSession,
     decision: SiteDecision,
     timings: tuple[ChoiceTiming, ...],
-    winner: str,
+    stored: GroupChoice,
     started: float,
 ) -> CollectiveAutotuneRecord:
     import torch.distributed as dist
@@ -685,11 +663,30 @@ def _record(
         source=decision.source,
         reason=decision.reason,
         timings=timings,
-        winner=winner,
+        winner=stored.winner,
         mode=site.mode,
         timed_with=str(site.neighbours) if timings else "",
         provisional=decision.provisional,
         tuning_s=time.monotonic() - started,
+        measurement=None if site.size is None else stored.measurement(site.size),
+    )
+
+
+def keep_ladder(site: CallSite, op: str, ranges: Sequence[tuple[float, str]]) -> None:
+    """Keep the ``ranges`` (top, winner) of the dynamic call ``site`` of ``op`` beside
+    its decisions, for an engine to read before it compiles."""
+    if not _persistence_on():
+        return
+    settled = site.settled_site()
+    DecisionStore().save_ladder(
+        KeptLadder(
+            site.key,
+            op,
+            settled.environment,
+            site.code,
+            tuple(top for top, _ in ranges),
+            tuple(winner for _, winner in ranges),
+        )
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._inductor import config
 from torch._inductor.kernel.collective import dispatch
-from torch._inductor.kernel.collective.dispatch import Incumbent
+from torch._inductor.kernel.collective.ladder import Incumbent, TOLERANCE
 from torch._inductor.kernel.collective.choice_modules import (
     Stage,
     AfterOwnedInput,
@@ -38,7 +38,6 @@ from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
     ChoiceTiming,
     CollectiveBenchmarker,
-    DROP_MARGIN,
     ScreenInputs,
     TimingMode,
 )
@@ -96,18 +95,23 @@ def build(
     device: torch.device,
     neighbours: Neighbours,
     mode: TimingMode,
+    any_size: bool = False,
 ) -> dict[str, str]:
     """Compile ``choices`` (by label) for benchmarking with ``neighbours`` fused in;
-    returns why each one that cannot run here failed.
+    returns why each one that cannot run here failed. ``any_size``: a dynamic site's
+    probe, whose choices are compiled once for every size of the site.
 
     Two passes (generate all code, then load) so that every choice's kernels compile
     together in Inductor's worker pool."""
     finishes: dict[str, Callable[[], None]] = {}
     failures: dict[str, str] = {}
     traced = timed_as_traced(choices, device, neighbours, mode)
+    compile_choice = dispatch.benchmark_module if any_size else module_for_benchmark
     for label, choice in choices.items():
         try:
-            finishes[label] = _start(name, choice, device, neighbours, label in traced)
+            finishes[label] = _start(
+                compile_choice, choice, device, neighbours, label in traced
+            )
         except Exception as e:  # the group drops it, saying why
             log.debug("choice %s of %s did not build", label, name, exc_info=True)
             failures[label] = _failure(choice, e)
@@ -155,14 +159,14 @@ def _is_subgraph(choice: ChoiceCaller) -> bool:
 
 
 def _start(
-    name: str,
+    compile_choice: Callable[..., Any],
     choice: ChoiceCaller,
     device: torch.device,
     neighbours: Neighbours,
     as_traced: bool,
 ) -> Callable[[], None]:
-    """Start building ``choice`` (only lowered where ``as_traced``); returns the
-    function that finishes it by loading its module."""
+    """Start building ``choice`` with ``compile_choice`` (only lowered where
+    ``as_traced``); returns the function that finishes it by loading its module."""
     from torch._dynamo.utils import counters
 
     if needs_symmetric_memory(choice) and device.type != "cuda":
@@ -172,9 +176,6 @@ def _start(
         return lambda: None
     if choice._compiled_module is not None:  # type: ignore[attr-defined]
         return lambda: None
-    compile_choice = (
-        dispatch.benchmark_module if dispatch.is_range(name) else module_for_benchmark
-    )
     if as_traced:
         if device.type == "cuda":
             counters["inductor"]["collective_autotune_uncompiled_choices"] += 1
@@ -368,8 +369,10 @@ def pick(
     min_speedup_threshold: float,
     incumbent: Incumbent | None = None,
 ) -> tuple[str, str]:
-    """The winner and why. A ladder range keeps ``incumbent`` unless another choice
-    is clearly faster: a switch costs a size dispatch, so noise must not decide it."""
+    """The winner and why. A dynamic site's probe keeps ``incumbent`` unless another
+    choice beats it by more than the ladder's tolerance on their slowest ranks, and
+    their samples do not overlap: a switch costs a size dispatch, and neither a near
+    tie nor noise may move a split."""
     # Timings are identical on every rank; min() breaks ties by order.
     best = min(range(len(names)), key=lambda i: timings[i].max_us)
     if not math.isfinite(timings[best].max_us):
@@ -384,12 +387,17 @@ def pick(
         and incumbent.winner in names
     ):
         kept = names.index(incumbent.winner)
-        if not timings[best].clearly_faster_than(timings[kept]):
+        ahead, leader = timings[kept], timings[best]
+        if ahead.max_us <= leader.max_us * (1 + TOLERANCE):
             because = (
-                f"{names[best]} is not clearly faster at this range's top size on "
-                "their slowest ranks (their quartiles are within "
-                f"{100 * DROP_MARGIN:g}% of each other), and {names[kept]} won at "
-                f"{incumbent.won_at}"
+                f"{names[best]} is within {100 * TOLERANCE:g}% of {names[kept]} on "
+                f"their slowest ranks, and {names[kept]} won at {incumbent.won_at}"
+            )
+            best = kept
+        elif ahead.low_us <= leader.high_us:
+            because = (
+                f"{names[best]}'s and {names[kept]}'s samples overlap on their slowest "
+                f"ranks, and {names[kept]} won at {incumbent.won_at}"
             )
             best = kept
     own = next((t for t in timings if t.name == DEFAULT), None)

@@ -42,8 +42,18 @@ def is_functional_collective(func: Any) -> bool:
     )
 
 
+@functools.cache
+def _wait_ops() -> tuple[torch._ops.OpOverload, ...]:
+    """The waits of functional collectives: wait_tensor, and from torch 2.15 on
+    wait_tensors, which waits for a list (traced after a coalesced collective)."""
+    ops = torch.ops._c10d_functional
+    return (_wait_op(),) + (
+        (ops.wait_tensors.default,) if hasattr(ops, "wait_tensors") else ()
+    )
+
+
 def is_wait(func: Any) -> bool:
-    return func is _wait_op()
+    return any(func is wait for wait in _wait_ops())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +89,7 @@ class WaitBeforeRead(TorchDispatchMode):
         self, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        if func is _wait_op():
+        if is_wait(func):
             tree_map_only(torch.Tensor, lambda t: self.pending.pop(id(t), None), args)
             return func(*args, **kwargs)
         if self.pending:
