@@ -259,7 +259,7 @@ def compile_phases() -> dict[str, float]:
 
 def record_summary(device_type: str) -> dict[str, Any]:
     """Call sites tuned in this process, how many were timed, and their winners."""
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     records = collective_autotune_records()
     return {
@@ -719,7 +719,7 @@ def run_in_process(args: argparse.Namespace) -> None:
     its written-in winner's (cProfile, this rank's main thread), is written there, as
     text (the functions by their cumulative time) and as pstats data. A profiled compile's times are the
     profiler's: profile only to see where time goes."""
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
     from torch._inductor.utils import fresh_cache
 
     device = init_process_group(args.device)

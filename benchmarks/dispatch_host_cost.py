@@ -28,7 +28,7 @@ common.fresh_state()
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.collective.hooks import collective_autotune_size_paths
+from torch._inductor.kernel.collective.api import collective_autotune_size_paths
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,

@@ -62,7 +62,7 @@ common.fresh_state()
 import torch
 import torch.distributed as dist
 from torch._inductor import config as inductor_config
-from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.kernel.collective.api import collective_autotune_records
 
 import allreduce_sweep as sweep
 from common import (

@@ -39,7 +39,7 @@ def job(args: argparse.Namespace) -> None:
 
     from examples.tp_allreduce import ops
     from examples.tp_allreduce.demo import TPBlock
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device = torch.device("cuda", torch.cuda.current_device())

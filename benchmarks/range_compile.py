@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.kernel.collective.api import collective_autotune_records
 
 from common import (
     first_call_s,

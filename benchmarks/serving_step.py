@@ -109,7 +109,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import fresh_cache
 from torch._inductor.kernel.collective.api import warm_up_sizes
-from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.kernel.collective.api import collective_autotune_records
 
 from common import (
     assert_close_sum,

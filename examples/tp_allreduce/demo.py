@@ -26,7 +26,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from examples.tp_allreduce import ops
-from torch._inductor.kernel.collective.hooks import (
+from torch._inductor.kernel.collective.api import (
     collective_autotune_records,
     format_record,
 )

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.kernel.collective.api import collective_autotune_records
 from torch._inductor.utils import clear_caches
 from torch.testing._internal.common_utils import subtest, TestCase
 

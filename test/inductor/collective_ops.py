@@ -79,7 +79,7 @@ def forget_runs() -> None:
 
 
 def _note_trace(name: str) -> None:
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     traced_at.setdefault(name, []).append(len(collective_autotune_records()))
 

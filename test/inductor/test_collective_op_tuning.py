@@ -355,7 +355,7 @@ def switched_off_untraced_body(r: Rank) -> tuple[list, list]:
     """Three layers of a tuned all-reduce compiled with collective autotuning off, at a
     static and at a dynamic size: the records, and the traces of an implementation."""
     from torch._inductor import config
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     ops.register_all_reduce(ops.flat_cost, ops.per_row_cost, ops.opaque)
     ops.traced_at.clear()
@@ -384,7 +384,7 @@ def switched_off_untraced_body(r: Rank) -> tuple[list, list]:
 def labelled_body(r: Rank) -> str:
     import logging
 
-    from torch._inductor.kernel.collective.hooks import format_record
+    from torch._inductor.kernel.collective.api import format_record
     from torch._inductor.kernel.custom_op import (
         CustomOpConfig,
         register_custom_op_autotuning,

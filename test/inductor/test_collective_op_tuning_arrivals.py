@@ -17,7 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.kernel.collective.api import collective_autotune_records
 from torch._inductor.runtime import collective_protocol
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,

@@ -25,7 +25,7 @@ from torch.testing._internal.common_utils import (
 )
 
 from collective_harness import assert_all_ok, Costs, DEVICE_CASES, Rank, run_ranks
-from torch._inductor.kernel.collective.hooks import collective_autotune_records
+from torch._inductor.kernel.collective.api import collective_autotune_records
 
 _c10d = torch.ops._c10d_functional
 _HAS_CUDA = torch.cuda.is_available()

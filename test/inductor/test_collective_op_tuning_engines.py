@@ -359,7 +359,7 @@ def restart_body(r: Rank, case_name: str, saved: str, restarted: bool) -> dict:
     caches: the model compiled with its guards filtered out, and aot_compile-d and
     saved (first) or loaded (restarted: nothing compiled); what each size ran, where
     the guard-filtered compile's decisions came from, and the winner-change points."""
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     case = CASES[case_name]
     register(case)

@@ -119,7 +119,7 @@ def neighbours_body(r: Rank) -> list:
 def inlined_in_place_body(r: Rank, dynamic: bool) -> dict:
     """The inlined all-reduce of a matmul's output and of a graph input, compiled
     (``dynamic``: with a dynamic size, one graph per range) with their pick's code."""
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
     from torch._inductor.utils import run_and_get_code
 
     # The op's own sleeps 10 ms: the functional all-reduce wins at every size (on
@@ -215,7 +215,7 @@ def sized_calls_body(
     graphs are tested below)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     group = r.group.group_name
     weights = [torch.eye(4, device=r.device) / 2 for _ in range(layers)]
@@ -326,7 +326,7 @@ def forward_and_backward_body(r: Rank, range_graphs: bool) -> dict:
     """Three layers with trainable weights, compiled dynamically: the weights' gradients at
     sizes where each kind of winner runs, against eager."""
     from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     model, weights = mixed_winner_layers(r, 3, trainable=True)
 
@@ -470,7 +470,7 @@ def range_graphs_body(
     records it made."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._inductor.kernel.collective.ladder import warm_up_sizes
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
     from torch.fx.experimental import _config as fx_config
 
     model, _ = mixed_winner_layers(r, 4)
@@ -567,7 +567,7 @@ def data_dependent_size_body(r: Rank) -> dict:
     compiled once and called at sizes of every range of the ladder: what compiled, what
     ran, and what was logged."""
     from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     layers, _ = mixed_winner_layers(r, 3)
 

@@ -40,7 +40,7 @@ def graph_mode_sizes_body(r: Rank, range_graphs: bool) -> dict:
     """Six layers compiled once with CUDA graphs and a dynamic token dimension, whose
     all-reduce's winner changes with size (an inlined one, an opaque op, the op's own):
     one graph per size range, or one graph dispatching by size inside."""
-    from torch._inductor.kernel.collective.hooks import collective_autotune_records
+    from torch._inductor.kernel.collective.api import collective_autotune_records
 
     model, _ = mixed_winner_layers(r, 6)
 

@@ -209,9 +209,7 @@ def engine_job(r: Rank, job: Job) -> dict[str, Any]:
     batch first (vLLM's profile run compiles it), then at every size twice; what each
     size ran the second time, what the first call compiled, the winner-change points
     and where each decision came from."""
-    from torch._inductor.kernel.collective.hooks import (
-        collective_autotune_records,
-    )
+    from torch._inductor.kernel.collective.api import collective_autotune_records
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
 

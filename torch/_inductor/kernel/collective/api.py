@@ -25,6 +25,7 @@ from torch._inductor.kernel.collective.records import (
     collective_autotune_records,
     collective_autotune_size_paths,
     CollectiveAutotuneRecord,
+    format_record,
     SizePath,
     SizePathRecord,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "SizePathRecord",
     "collective_autotune_records",
     "collective_autotune_size_paths",
+    "format_record",
     "register_custom_op_autotuning",
     "warm_up_sizes",
     "winner_change_points",

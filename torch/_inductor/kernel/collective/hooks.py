@@ -71,13 +71,9 @@ from torch._inductor.kernel.collective.graph_sessions import (
     loading_saved_artifact,
 )
 from torch._inductor.kernel.collective.records import (
-    collective_autotune_records,
-    collective_autotune_size_paths,
     CollectiveAutotuneRecord,
     format_record,
     keep_record,
-    SizePathRecord,
-    winner_change_points,
 )
 from torch._inductor.kernel.collective.timing import BenchmarkInputs
 from torch._inductor.kernel.collective.waits import Waits, wait_for_output
@@ -94,21 +90,17 @@ if TYPE_CHECKING:
     from torch._inductor.output_code import CompiledFxGraph
 
 
-# The names upstream's patched files import, and what users read of the decisions.
+# The names upstream's patched files import (patches/series); users and engines read
+# kernel/collective/api.py.
 __all__ = [
     "CollectiveAutotuneError",
-    "CollectiveAutotuneRecord",
     "InlinedDecision",
-    "SizePathRecord",
     "cached_entry_usable",
     "cached_graph_usable",
-    "collective_autotune_records",
-    "collective_autotune_size_paths",
     "collective_output_node",
     "detect_collective",
     "dynamic_ladder",
     "forget_recorded",
-    "format_record",
     "group_takes_cached_entry",
     "group_takes_cached_graph",
     "inlined_decisions",
@@ -121,7 +113,6 @@ __all__ = [
     "to_inline",
     "traced_once",
     "tuned_ranges",
-    "winner_change_points",
 ]
 
 log = logging.getLogger(__name__)
