@@ -54,6 +54,7 @@ from torch._inductor.kernel.collective.timing import (
     build,
     pick,
     screen_stored,
+    SiteBenchmark,
     timed_with,
     timing_mode,
 )
@@ -541,16 +542,21 @@ class _SiteWork:
         """Screen the stored ``winner`` on every rank: "" if it passed, else why."""
         with no_python_dispatcher():
             return screen_stored(
-                self.inputs,
-                self.by_label,
-                winner,
-                self.site.group,
-                self.site.settings,
-                self.site.mode,
-                session.session.scoped(self.site.key),
-                self.site.neighbours,
-                self.site.mutable,
+                self._benchmark(), winner, session.session.scoped(self.site.key)
             )
+
+    def _benchmark(self) -> SiteBenchmark:
+        """This site's traced choices, as its group times them."""
+        site = self.site
+        return SiteBenchmark(
+            self.inputs,
+            self.by_label,
+            site.group,
+            site.settings,
+            site.mode,
+            site.neighbours,
+            site.mutable,
+        )
 
     def timed_winner(
         self, decision: SiteDecision, voting: GroupSession
@@ -565,16 +571,10 @@ class _SiteWork:
         # the GIL this thread holds in wait_tensor.
         with no_python_dispatcher():
             timings, self.phases = benchmark(
-                self.inputs,
-                self.by_label,
+                self._benchmark(),
                 picked,
-                site.group,
-                site.settings,
-                site.mode,
                 voting.session.scoped(site.key),
                 keep_default=site.min_speedup_threshold > 1.0,
-                neighbours=site.neighbours,
-                mutable=site.mutable,
                 incumbent=screened.winner if screened else None,
             )
         winner, picked_because = pick(
