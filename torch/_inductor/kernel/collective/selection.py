@@ -37,6 +37,7 @@ from torch._inductor.kernel.collective.detection import (
 from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
     GroupSession,
+    KeyWork,
     SettledSite,
     SiteDecision,
     SiteReport,
@@ -412,11 +413,13 @@ def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
     decision, voting = graph_sessions.agree_key(
         session,
         site.key,
-        lambda: work.report(session),
-        DEFAULT,
-        work.build,
-        work.verify,
-        timing_allowed=not config.deterministic,
+        KeyWork(
+            default=DEFAULT,
+            report=lambda: work.report(session),
+            build=work.build,
+            verify=work.verify,
+            timing_allowed=not config.deterministic,
+        ),
     )
     timings, winner, reason, confidence = work.timed_winner(decision, voting)
     unsure = confidence is not None and not confidence.settled
