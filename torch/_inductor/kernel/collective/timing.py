@@ -63,6 +63,14 @@ class BenchmarkInputs:
     input_gen_fns: dict[int, Callable[..., torch.Tensor]] | None
 
 
+@dataclasses.dataclass(frozen=True)
+class SiteTiming:
+    """How upstream asks a call site's choices to be timed."""
+
+    min_speedup_threshold: float
+    benchmark_with_cudagraphs: bool
+
+
 def timing_mode(
     settings: BenchmarkSettings, device: torch.device, cudagraphs: bool
 ) -> TimingMode:
