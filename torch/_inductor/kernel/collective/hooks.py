@@ -138,7 +138,8 @@ def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) ->
     dynamo_callbacks.install(compiling=False)
 
 
-def prepare_choices(
+# Upstream's custom_op passes each of upstream's arguments (patches/series/0001-*).
+def prepare_choices(  # noqa: PLR0913
     name: str,
     decompositions: Sequence[Callable[..., Any]],
     non_tensor_args: Sequence[dict[str, Any]],
@@ -430,7 +431,9 @@ def lowered_once(
     return lower
 
 
-def select_collective_choice(
+# Upstream's AlgorithmSelectorCache passes each of its arguments
+# (patches/series/0001-*).
+def select_collective_choice(  # noqa: PLR0913
     selector: Any,
     name: str,
     choices: list[ChoiceCaller],
