@@ -19,6 +19,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
     ChoiceStatus,
     prune,
+    SlowestRankQuartiles,
     Verdict,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -32,9 +33,8 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
 
         def stops(low, high, incumbent, rounds=3):
             mid = [(lo + hi) / 2 for lo, hi in zip(low, high)]
-            return prune(
-                [0, 1, 2], low, mid, high, set(), rounds, 3, candidates, incumbent
-            )[1]
+            quartiles = SlowestRankQuartiles(low, mid, high, rounds)
+            return prune([0, 1, 2], quartiles, set(), 3, candidates, incumbent)[1]
 
         # b leads a by less than the samples' spread: a, the incumbent, is unbeaten.
         overlapping = ([10.0, 9.5, 30.0], [10.4, 10.2, 31.0])
@@ -54,11 +54,8 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
         )
         live, settled = prune(
             [0, 1, 2, 3],
-            low,
-            mid,
-            high,
+            SlowestRankQuartiles(low, mid, high, rounds=3),
             {3},
-            rounds=3,
             min_rounds=3,
             candidates=candidates,
         )
@@ -66,11 +63,8 @@ class TestCollectiveOpTuningUnitsBenchmarking(TestCase):
         self.assertFalse(settled)  # "slow" dropped; "kept" kept; a tie needs 6 rounds
         live, settled = prune(
             [0, 1, 3],
-            low,
-            mid,
-            high,
+            SlowestRankQuartiles(low, mid, high, rounds=6),
             {3},
-            rounds=6,
             min_rounds=3,
             candidates=candidates,
         )

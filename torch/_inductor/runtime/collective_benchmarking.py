@@ -687,11 +687,8 @@ class CollectiveBenchmarker:
         agreed = reduced[-2] == -reduced[-1] >= 0
         return prune(
             live,
-            low,
-            mid,
-            high,
+            SlowestRankQuartiles(low, mid, high, len(samples[live[0]])),
             keep,
-            len(samples[live[0]]),
             self._min_rounds,
             candidates,
             int(reduced[-2]) if agreed else None,
@@ -963,19 +960,28 @@ class ScreenInputs:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class SlowestRankQuartiles:
+    """Each choice's sample quartiles (us) on its slowest rank, by candidate index,
+    after ``rounds`` rounds of sampling."""
+
+    low: list[float]
+    mid: list[float]
+    high: list[float]
+    rounds: int
+
+
 def prune(
     live: list[int],
-    low: list[float],
-    mid: list[float],
-    high: list[float],
+    quartiles: SlowestRankQuartiles,
     keep: set[int],
-    rounds: int,
     min_rounds: int,
     candidates: Sequence[Candidate],
     incumbent: int | None = None,
 ) -> tuple[list[int], bool]:
     """The choices still worth sampling, from slowest-rank quartiles, and whether to
     stop: the leader is alone, the rest tie, or none beats ``incumbent`` clearly."""
+    low, mid, high = quartiles.low, quartiles.mid, quartiles.high
     leader = min(live, key=lambda i: mid[i])
     dropped = [
         i
@@ -991,7 +997,7 @@ def prune(
     live = [i for i in live if i not in dropped]
     rest = [i for i in live if i != leader and i not in keep]
     # A tie needs more samples than a clear gap: medians of three move by more.
-    tied = rounds >= 2 * min_rounds and all(
+    tied = quartiles.rounds >= 2 * min_rounds and all(
         mid[i] <= mid[leader] * (1 + TIE_FRACTION) for i in rest
     )
     unbeaten = incumbent in live and not any(

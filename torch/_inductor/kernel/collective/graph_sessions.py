@@ -388,18 +388,25 @@ Build = Callable[[Sequence[str]], dict[str, str]]
 Verify = Callable[[str, GroupSession], str]
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyWork:
+    """This rank's part in deciding a key: the op's own choice (``default``), and the
+    work that runs only where the group needs it, on every rank alike."""
+
+    default: str
+    report: Callable[[], SiteReport]
+    build: Build
+    verify: Verify
+    # False under config.deterministic: the group decides untimed.
+    timing_allowed: bool
+
+
 def agree_key(
-    session: GroupSession,
-    key: str,
-    report: Callable[[], SiteReport],
-    default: str,
-    build: Build,
-    verify: Verify,
-    timing_allowed: bool,
+    session: GroupSession, key: str, work: KeyWork
 ) -> tuple[SiteDecision, GroupSession]:
     """The group's decision for ``key``, identical on every rank, and the session a
-    benchmark of it must vote in. ``report``, ``build`` and ``verify`` run only where
-    the group needs them, on every rank alike."""
+    benchmark of it must vote in."""
+    default = work.default
     known = decided_without_group(session, key, default)
     if known is not None:
         return known, session
@@ -427,7 +434,7 @@ def agree_key(
                 session, key, default
             )
             return followed, session
-    return _vote_key(session, report(), default, build, verify, timing_allowed), session
+    return _vote_key(session, work.report(), work), session
 
 
 def decided_without_group(
@@ -498,14 +505,7 @@ def _published(session: GroupSession, key: str, default: str) -> SiteDecision:
     )
 
 
-def _vote_key(
-    session: GroupSession,
-    report: SiteReport,
-    default: str,
-    build: Build,
-    verify: Verify,
-    timing_allowed: bool,
-) -> SiteDecision:
+def _vote_key(session: GroupSession, report: SiteReport, work: KeyWork) -> SiteDecision:
     """The group's decision for ``report``'s key from one vote on every rank's report:
     published, the op's own, a stored one screened again, or the choices built."""
     topic = f"site/{report.key}"
@@ -515,23 +515,21 @@ def _vote_key(
         liveness = session.session.participant.liveness
         with liveness.working(f"compiling the choices of {topic}"):
             report = dataclasses.replace(
-                report, failed={**build(runnable), **report.failed}, built=True
+                report, failed={**work.build(runnable), **report.failed}, built=True
             )
     votes = session.session.vote(topic, report.to_wire())
     reports = [SiteReport.from_wire(vote) for vote in votes]
     published = next((r.decided for r in reports if r.decided is not None), None)
     if published is not None:
         return _taken(published, "decided earlier in this job")
-    differing = _differing(reports, default)
+    differing = _differing(reports, work.default)
     if differing is not None:
         return differing
     failed = _failures([rep.failed for rep in reports])
-    stored = _stored_decision(session, topic, reports, failed, default, build, verify)
+    stored = _stored_decision(session, topic, reports, failed, work)
     if stored is not None:
         return stored
-    return _decision_on_built(
-        session, topic, reports, failed, default, build, timing_allowed
-    )
+    return _decision_on_built(session, topic, reports, failed, work)
 
 
 def _differing(reports: list[SiteReport], default: str) -> SiteDecision | None:
@@ -561,9 +559,7 @@ def _stored_decision(
     topic: str,
     reports: list[SiteReport],
     failed: dict[str, str],
-    default: str,
-    build: Build,
-    verify: Verify,
+    work: KeyWork,
 ) -> SiteDecision | None:
     """Use a stored decision that every rank holds and whose winner passes its screen
     again; else None, adding a failed winner to ``failed``."""
@@ -580,7 +576,7 @@ def _stored_decision(
     # A provisional decision is timed again against its runner-up only.
     runner_up = reports[0].stored_runner_up
     again = (runner_up,) if runner_up in choices and runner_up not in failed else ()
-    verdict = _verify_stored(session, topic, winner, default, build, verify, again)
+    verdict = _verify_stored(session, topic, winner, work, again)
     if not verdict and again:
         return SiteDecision(
             Action.BENCHMARK,
@@ -612,9 +608,7 @@ def _decision_on_built(
     topic: str,
     reports: list[SiteReport],
     failed: dict[str, str],
-    default: str,
-    build: Build,
-    timing_allowed: bool,
+    work: KeyWork,
 ) -> SiteDecision:
     """The group's decision from the choices that built on every rank (built now
     where some ranks had not): none, one, or those to benchmark."""
@@ -622,7 +616,9 @@ def _decision_on_built(
     if not all(rep.built for rep in reports):
         # Some ranks held a stored decision and built nothing yet.
         runnable = [n for n in choices if n not in failed]
-        for name, why in _built(session, f"{topic}/build", build, runnable).items():
+        for name, why in _built(
+            session, f"{topic}/build", work.build, runnable
+        ).items():
             failed.setdefault(name, why)
     for name, why in failed.items():
         log.warning("choice %s is dropped on every rank of the group: %s", name, why)
@@ -631,7 +627,7 @@ def _decision_on_built(
     if not runnable:
         return SiteDecision(
             Action.USE,
-            (default,),
+            (work.default,),
             f"no choice builds on every rank{note}",
             Source.AGREEMENT,
         )
@@ -642,8 +638,8 @@ def _decision_on_built(
             f"the only choice built on every rank{note}",
             Source.AGREEMENT,
         )
-    if not timing_allowed:
-        chosen = default if default in runnable else runnable[0]
+    if not work.timing_allowed:
+        chosen = work.default if work.default in runnable else runnable[0]
         return SiteDecision(
             Action.USE,
             (chosen,),
@@ -662,19 +658,16 @@ def _verify_stored(
     session: GroupSession,
     topic: str,
     winner: str,
-    default: str,
-    build: Build,
-    verify: Verify,
+    work: KeyWork,
     also: Sequence[str] = (),
 ) -> str:
     """Screen the stored ``winner`` against the op's own implementation on every rank,
     also building ``also``: "" if all built and it passed, else why not."""
-    failed = _built(
-        session, f"{topic}/verify", build, list(dict.fromkeys([default, winner, *also]))
-    )
+    labels = list(dict.fromkeys([work.default, winner, *also]))
+    failed = _built(session, f"{topic}/verify", work.build, labels)
     if failed:
         return "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
-    return verify(winner, session)
+    return work.verify(winner, session)
 
 
 def _built(

@@ -75,7 +75,7 @@ from torch._inductor.kernel.collective.records import (
     format_record,
     keep_record,
 )
-from torch._inductor.kernel.collective.timing import BenchmarkInputs
+from torch._inductor.kernel.collective.timing import BenchmarkInputs, SiteTiming
 from torch._inductor.kernel.collective.waits import Waits, wait_for_output
 from torch._inductor.runtime.collective_decisions import InlinedDecision
 from torch._inductor.runtime.collective_protocol import (
@@ -129,7 +129,8 @@ def note_registration(op: torch._ops.OpOverload, configs: Sequence[Any] = ()) ->
     dynamo_callbacks.install(compiling=False)
 
 
-def prepare_choices(
+# Upstream's custom_op passes each of upstream's arguments (patches/series/0001-*).
+def prepare_choices(  # noqa: PLR0913
     name: str,
     decompositions: Sequence[Callable[..., Any]],
     non_tensor_args: Sequence[dict[str, Any]],
@@ -169,14 +170,6 @@ def prepare_choices(
     return (*implementations.to_trace(decided), None)
 
 
-@dataclasses.dataclass(frozen=True)
-class SiteTiming:
-    """How upstream asks a call site's choices to be timed."""
-
-    min_speedup_threshold: float
-    benchmark_with_cudagraphs: bool
-
-
 def _prepare_site(
     name: str,
     implementations: Implementations,
@@ -187,17 +180,7 @@ def _prepare_site(
     realized."""
     neighbours = neighbours_of_site(inputs)
     _realize(inputs)
-    site = selection.prepare_site(
-        name,
-        implementations.labels(),
-        implementations.decompositions,
-        inputs,
-        implementations.op,
-        implementations.non_tensor_args,
-        timing.min_speedup_threshold,
-        timing.benchmark_with_cudagraphs,
-        neighbours,
-    )
+    site = selection.prepare_site(name, implementations, inputs, timing, neighbours)
     if site is not None:
         dynamo_callbacks.install(compiling=True)
     return site
@@ -439,7 +422,9 @@ def lowered_once(
     return lower
 
 
-def select_collective_choice(
+# Upstream's AlgorithmSelectorCache passes each of its arguments
+# (patches/series/0001-*).
+def select_collective_choice(  # noqa: PLR0913
     selector: Any,
     name: str,
     choices: list[ChoiceCaller],
@@ -471,8 +456,7 @@ def select_collective_choice(
             choices,
             BenchmarkInputs(selector, input_nodes, layout, input_gen_fns),
             process_group,
-            min_speedup_threshold,
-            benchmark_with_cudagraphs,
+            SiteTiming(min_speedup_threshold, benchmark_with_cudagraphs),
         )
     return _finish(record, by_label)
 

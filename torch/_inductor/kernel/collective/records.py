@@ -39,14 +39,22 @@ class Source(str, enum.Enum):
     AGREEMENT = "agreement"
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyTiming:
+    """How a key's choices are timed, as the key names it: the mode, the speedup a
+    choice needs over the op's own, and the neighbours fused around the op."""
+
+    mode: TimingMode
+    min_speedup_threshold: float
+    neighbours: Neighbours
+
+
 def site_key(
     name: str,
     inputs: Sequence[Any],
     labels: Sequence[str],
-    mode: TimingMode,
-    min_speedup_threshold: float,
-    neighbours: Neighbours,
     code: Mapping[str, str],
+    timing: KeyTiming,
 ) -> str:
     """The digest naming a decision, alike on every rank: op, input layouts, choices,
     timing, threshold, fused neighbours, and each implementation's code identity."""
@@ -54,9 +62,9 @@ def site_key(
         name,
         [_node_meta(n) for n in inputs],
         list(labels),
-        mode.value,
-        min_speedup_threshold,
-        str(neighbours),
+        timing.mode.value,
+        timing.min_speedup_threshold,
+        str(timing.neighbours),
         sorted(code.items()),
     )
 

@@ -25,6 +25,7 @@ from torch._inductor.kernel.collective.choices import (
     choice_label,
     DEFAULT,
     identities,
+    Implementations,
     trace_failure,
     writes_into_input,
 )
@@ -37,6 +38,7 @@ from torch._inductor.kernel.collective.detection import (
 from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
     GroupSession,
+    KeyWork,
     SettledSite,
     SiteDecision,
     SiteReport,
@@ -45,6 +47,7 @@ from torch._inductor.kernel.collective.ladder import Incumbent
 from torch._inductor.kernel.collective.records import (
     Action,
     CollectiveAutotuneRecord,
+    KeyTiming,
     site_key,
     Source,
 )
@@ -54,6 +57,8 @@ from torch._inductor.kernel.collective.timing import (
     build,
     pick,
     screen_stored,
+    SiteBenchmark,
+    SiteTiming,
     timed_with,
     timing_mode,
 )
@@ -150,23 +155,21 @@ _prepared: weakref.WeakKeyDictionary[Any, dict[str, CallSite]] = (
 
 def prepare_site(
     name: str,
-    labels: Sequence[str],
-    implementations: Sequence[Any],
+    implementations: Implementations,
     inputs: Sequence[Any],
-    op: torch._ops.OpOverload,
-    non_tensor_args: Sequence[dict[str, Any]],
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
+    timing: SiteTiming,
     neighbours: Neighbours,
 ) -> CallSite | None:
-    """The call of ``op`` being lowered, where its arguments name a process group
-    while collective tuning is on; None otherwise (its choices may still communicate:
-    the site is then built after tracing). The site's group is the call's for good."""
+    """The call of ``implementations.op`` being lowered, where its arguments name a
+    process group while collective tuning is on; None otherwise (its choices may still
+    communicate: the site is then built after tracing). The site's group is the call's
+    for good."""
     from torch._inductor import config
     from torch._inductor.virtualized import V
 
+    op = implementations.op
     _prepared.setdefault(V.graph, {}).pop(name, None)
-    arguments = (non_tensor_args or [{}])[0]
+    arguments = (implementations.non_tensor_args or [{}])[0]
     if not (
         config.collective_autotune
         and process_group_initialized()
@@ -175,62 +178,76 @@ def prepare_site(
     ):
         return None
     group = synchronised_group(op, arguments, ())
-    site = _call_site(
+    labels = implementations.labels()
+    call = LoweredCall(
         name=name,
         op=op,
-        group=group,
-        device=benchmark_device(inputs[0].get_device()),
-        labels=(*labels, DEFAULT),
-        implementations=list(zip(labels, implementations)),
         inputs=inputs,
-        min_speedup_threshold=min_speedup_threshold,
-        benchmark_with_cudagraphs=benchmark_with_cudagraphs,
-        neighbours=neighbours,
+        labels=(*labels, DEFAULT),
+        implementations=list(zip(labels, implementations.decompositions)),
         mutable=mutable_inputs(op),
     )
+    device = benchmark_device(inputs[0].get_device())
+    site = _call_site(call, group, device, timing, neighbours)
     _prepared[V.graph][name] = site
     return site
 
 
+@dataclasses.dataclass(frozen=True)
+class LoweredCall:
+    """A collective op's call being lowered, before it is keyed."""
+
+    name: str
+    # None where only the traced choices tell (the site was not prepared).
+    op: torch._ops.OpOverload | None
+    inputs: Sequence[Any]
+    # The choices' labels, ending with the op's own.
+    labels: tuple[str, ...]
+    # The implementation of each choice that has one, by label.
+    implementations: Sequence[tuple[str, Callable[..., Any]]]
+    # Positions of the tensor inputs the op declares it writes into.
+    mutable: tuple[int, ...] = ()
+
+
 def _call_site(
-    *,
-    name: str,
-    op: torch._ops.OpOverload | None,
+    call: LoweredCall,
     group: ProcessGroup,
     device: torch.device,
-    labels: tuple[str, ...],
-    implementations: Sequence[tuple[str, Callable[..., Any]]],
-    inputs: Sequence[Any],
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
+    timing: SiteTiming,
     neighbours: Neighbours,
-    mutable: tuple[int, ...] = (),
 ) -> CallSite:
-    """The call site of op ``name`` with choices ``labels``, under the settings in
-    force, keyed by its implementations' code identities."""
+    """The site of ``call``, under the settings in force, keyed by its
+    implementations' code identities."""
     settings = _once_per_graph(("settings",), BenchmarkSettings.from_config)
-    mode = timing_mode(settings, device, benchmark_with_cudagraphs)
+    mode = timing_mode(settings, device, timing.benchmark_with_cudagraphs)
+    op, implementations = call.op, call.implementations
     # Keyed by id() (callables may be unhashable); the cache keeps them alive so no
     # id is reused.
     code = _once_per_graph(
         ("code", op, tuple((lbl, id(fn)) for lbl, fn in implementations)),
         lambda: (list(implementations), identities(op, implementations)),
     )[1]
-    key = site_key(name, inputs, labels, mode, min_speedup_threshold, neighbours, code)
+    key = site_key(
+        call.name,
+        call.inputs,
+        call.labels,
+        code,
+        KeyTiming(mode, timing.min_speedup_threshold, neighbours),
+    )
     return CallSite(
-        name=name,
+        name=call.name,
         op=op,
         group=group,
         settings=settings,
         device=device,
         mode=mode,
-        labels=labels,
+        labels=call.labels,
         code=code,
-        inputs=inputs,
-        min_speedup_threshold=min_speedup_threshold,
+        inputs=call.inputs,
+        min_speedup_threshold=timing.min_speedup_threshold,
         neighbours=neighbours,
         key=key,
-        mutable=mutable,
+        mutable=call.mutable,
     )
 
 
@@ -339,8 +356,7 @@ def decide_site(
     choices: list[ChoiceCaller],
     inputs: BenchmarkInputs,
     process_group: ProcessGroup,
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
+    timing: SiteTiming,
 ) -> tuple[CollectiveAutotuneRecord, dict[str, ChoiceCaller]]:
     """The group's decision for the call site of op ``name``, and its ``choices`` by
     label. Raises CollectiveAutotuneError on every rank if the group's collectives
@@ -353,16 +369,11 @@ def decide_site(
     by_label = {choice_label(c, prepared.op if prepared else None): c for c in choices}
     if not config.collective_autotune:
         return untuned_record(name, process_group), by_label
-    site = _site_after_tracing(
-        prepared,
-        name,
-        by_label,
-        choices,
-        inputs,
-        process_group,
-        min_speedup_threshold,
-        benchmark_with_cudagraphs,
-    )
+    if prepared is not None:
+        neighbours = timed_with(prepared.neighbours, choices)
+        site = dataclasses.replace(prepared, group=process_group, neighbours=neighbours)
+    else:
+        site = _traced_site(name, by_label, choices, inputs, process_group, timing)
     counters["inductor"]["collective_autotune_sites"] += 1
     member = participant(site.settings.timeout)
     waited_before, requests_before = member.waited_s, member.client.requests
@@ -411,11 +422,13 @@ def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
     decision, voting = graph_sessions.agree_key(
         session,
         site.key,
-        lambda: work.report(session),
-        DEFAULT,
-        work.build,
-        work.verify,
-        timing_allowed=not config.deterministic,
+        KeyWork(
+            default=DEFAULT,
+            report=lambda: work.report(session),
+            build=work.build,
+            verify=work.verify,
+            timing_allowed=not config.deterministic,
+        ),
     )
     timings, winner, reason, confidence = work.timed_winner(decision, voting)
     unsure = confidence is not None and not confidence.settled
@@ -437,36 +450,29 @@ def _agreed_record(work: _SiteWork, started: float) -> CollectiveAutotuneRecord:
     return dataclasses.replace(record, confidence=confidence)
 
 
-def _site_after_tracing(
-    prepared: CallSite | None,
+def _traced_site(
     name: str,
     by_label: dict[str, ChoiceCaller],
     choices: list[ChoiceCaller],
     inputs: BenchmarkInputs,
     group: ProcessGroup,
-    min_speedup_threshold: float,
-    benchmark_with_cudagraphs: bool,
+    timing: SiteTiming,
 ) -> CallSite:
-    """The site as ``prepared`` before tracing, or built from the traced choices."""
-    if prepared is not None:
-        neighbours = timed_with(prepared.neighbours, choices)
-        return dataclasses.replace(prepared, group=group, neighbours=neighbours)
-    return _call_site(
+    """The site of op ``name``, not prepared before tracing, built from its traced
+    ``choices``."""
+    call = LoweredCall(
         name=name,
         op=None,
-        group=group,
-        device=benchmark_device(inputs.layout.device),
+        inputs=inputs.input_nodes,
         labels=tuple(by_label),
         implementations=[
             (lbl, c.decomposition)
             for lbl, c in by_label.items()
             if getattr(c, "decomposition", None) is not None
         ],
-        inputs=inputs.input_nodes,
-        min_speedup_threshold=min_speedup_threshold,
-        benchmark_with_cudagraphs=benchmark_with_cudagraphs,
-        neighbours=timed_with(Neighbours(), choices),
     )
+    device = benchmark_device(inputs.layout.device)
+    return _call_site(call, group, device, timing, timed_with(Neighbours(), choices))
 
 
 @dataclasses.dataclass
@@ -541,16 +547,21 @@ class _SiteWork:
         """Screen the stored ``winner`` on every rank: "" if it passed, else why."""
         with no_python_dispatcher():
             return screen_stored(
-                self.inputs,
-                self.by_label,
-                winner,
-                self.site.group,
-                self.site.settings,
-                self.site.mode,
-                session.session.scoped(self.site.key),
-                self.site.neighbours,
-                self.site.mutable,
+                self._benchmark(), winner, session.session.scoped(self.site.key)
             )
+
+    def _benchmark(self) -> SiteBenchmark:
+        """This site's traced choices, as its group times them."""
+        site = self.site
+        return SiteBenchmark(
+            self.inputs,
+            self.by_label,
+            site.group,
+            site.settings,
+            site.mode,
+            site.neighbours,
+            site.mutable,
+        )
 
     def timed_winner(
         self, decision: SiteDecision, voting: GroupSession
@@ -565,16 +576,10 @@ class _SiteWork:
         # the GIL this thread holds in wait_tensor.
         with no_python_dispatcher():
             timings, self.phases = benchmark(
-                self.inputs,
-                self.by_label,
+                self._benchmark(),
                 picked,
-                site.group,
-                site.settings,
-                site.mode,
                 voting.session.scoped(site.key),
                 keep_default=site.min_speedup_threshold > 1.0,
-                neighbours=site.neighbours,
-                mutable=site.mutable,
                 incumbent=screened.winner if screened else None,
             )
         winner, picked_because = pick(

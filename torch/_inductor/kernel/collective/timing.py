@@ -63,6 +63,14 @@ class BenchmarkInputs:
     input_gen_fns: dict[int, Callable[..., torch.Tensor]] | None
 
 
+@dataclasses.dataclass(frozen=True)
+class SiteTiming:
+    """How upstream asks a call site's choices to be timed."""
+
+    min_speedup_threshold: float
+    benchmark_with_cudagraphs: bool
+
+
 def timing_mode(
     settings: BenchmarkSettings, device: torch.device, cudagraphs: bool
 ) -> TimingMode:
@@ -202,18 +210,28 @@ def _failure(choice: ChoiceCaller, error: Exception) -> str:
     return f"does not build ({describe(error)})"
 
 
+@dataclasses.dataclass(frozen=True)
+class SiteBenchmark:
+    """A call site's choices by label, what their inputs are made from, and how its
+    group times them in lockstep: alike on every rank but the tensors."""
+
+    inputs: BenchmarkInputs
+    by_label: dict[str, ChoiceCaller]
+    group: ProcessGroup
+    settings: BenchmarkSettings
+    mode: TimingMode
+    neighbours: Neighbours
+    # Positions of the tensor inputs the op declares it writes into.
+    mutable: Sequence[int]
+
+
 def _prepared_inputs(
-    inputs: BenchmarkInputs,
-    by_label: dict[str, ChoiceCaller],
-    names: Sequence[str],
-    process_group: ProcessGroup,
-    session: CollectiveSession,
-    neighbours: Neighbours,
-    mutable: Sequence[int],
+    bench: SiteBenchmark, names: Sequence[str], session: CollectiveSession
 ) -> tuple[list[Candidate], ScreenInputs]:
     """The candidates ``names`` and the inputs they run on, in symmetric memory where
     a choice needs it."""
-    choices = [by_label[n] for n in names]
+    inputs = bench.inputs
+    choices = [bench.by_label[n] for n in names]
     args = inputs.selector.get_inputs(
         choices, inputs.input_nodes, inputs.layout, inputs.input_gen_fns
     )
@@ -221,41 +239,33 @@ def _prepared_inputs(
     tensors = list(tensors)
     available = not any(
         needs_symmetric_memory(c) for c in choices
-    ) or _move_to_symmetric_memory(tensors, process_group, session)
+    ) or _move_to_symmetric_memory(tensors, bench.group, session)
     # Vote topics carry these names, so they must be the same on every rank.
     candidates = [
         (
             Candidate(n, _unavailable("symmetric memory unavailable on this group"))
             if needs_symmetric_memory(c) and not available
-            else Candidate(n, _runner(c, tensors, neighbours))
+            else Candidate(n, _runner(c, tensors, bench.neighbours))
         )
         for n, c in zip(names, choices)
     ]
-    return candidates, ScreenInputs(tensors, mutable)
+    return candidates, ScreenInputs(tensors, bench.mutable)
 
 
 def benchmark(
-    inputs: BenchmarkInputs,
-    by_label: dict[str, ChoiceCaller],
+    bench: SiteBenchmark,
     names: list[str],
-    process_group: ProcessGroup,
-    settings: BenchmarkSettings,
-    mode: TimingMode,
     session: CollectiveSession,
     keep_default: bool,
-    neighbours: Neighbours,
-    mutable: Sequence[int] = (),
     incumbent: str | None = None,
 ) -> tuple[list[ChoiceTiming], dict[str, float]]:
     """The group's timings of ``names``, taken in lockstep in ``session``, and this
     rank's seconds per benchmark phase. Stops early once no choice is clearly faster
     than ``incumbent``."""
-    candidates, screened = _prepared_inputs(
-        inputs, by_label, names, process_group, session, neighbours, mutable
-    )
+    candidates, screened = _prepared_inputs(bench, names, session)
     reference = names.index(DEFAULT) if DEFAULT in names else 0
     benchmarker = CollectiveBenchmarker(
-        process_group, inputs.layout.device, settings, session, mode
+        bench.group, bench.inputs.layout.device, bench.settings, session, bench.mode
     )
     timings = benchmarker.benchmark(
         candidates,
@@ -267,25 +277,12 @@ def benchmark(
     return timings, benchmarker.phases
 
 
-def screen_stored(
-    inputs: BenchmarkInputs,
-    by_label: dict[str, ChoiceCaller],
-    winner: str,
-    process_group: ProcessGroup,
-    settings: BenchmarkSettings,
-    mode: TimingMode,
-    session: CollectiveSession,
-    neighbours: Neighbours,
-    mutable: Sequence[int] = (),
-) -> str:
+def screen_stored(bench: SiteBenchmark, winner: str, session: CollectiveSession) -> str:
     """Screen a stored ``winner`` against the op's own implementation in lockstep:
     "" where it passed, else why not (identical on every rank)."""
-    names = [DEFAULT, winner]
-    candidates, screened = _prepared_inputs(
-        inputs, by_label, names, process_group, session, neighbours, mutable
-    )
+    candidates, screened = _prepared_inputs(bench, [DEFAULT, winner], session)
     benchmarker = CollectiveBenchmarker(
-        process_group, inputs.layout.device, settings, session, mode
+        bench.group, bench.inputs.layout.device, bench.settings, session, bench.mode
     )
     outcome = benchmarker.screen(candidates, screened, reference=0)[1]
     return "" if outcome.ok else f"failed its screen: {outcome.reason}"
