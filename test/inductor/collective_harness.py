@@ -244,7 +244,9 @@ def _run_in_process(
     if not dist.is_initialized():
         _init(int(os.environ["RANK"]), world_size, "env://", device)
     rank = dist.get_rank()
-    group = dist.new_group(list(range(world_size)))
+    # The world's timeout, not new_group's default (30 minutes): a rank whose test
+    # failed before its collectives leaves its peer waiting at most this long.
+    group = dist.new_group(list(range(world_size)), timeout=_GROUP_TIMEOUT)
     # What a spawned rank starts without: Dynamo's frames, Inductor's in-memory caches
     # (ours among them: the records, the size paths) and the test ops' notes.
     import collective_ops
@@ -419,6 +421,11 @@ def _leave(rank: int, world_size: int, patience_s: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+# Every rank test's process group times out after this: a test whose ranks part ways
+# fails instead of holding the lane.
+_GROUP_TIMEOUT = timedelta(seconds=120)
+
+
 def _init(rank: int, world_size: int, init_method: str, device: str) -> None:
     backend = "gloo"
     if torch.cuda.is_available():
@@ -429,7 +436,7 @@ def _init(rank: int, world_size: int, init_method: str, device: str) -> None:
         init_method=init_method,
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=120),
+        timeout=_GROUP_TIMEOUT,
     )
 
 
