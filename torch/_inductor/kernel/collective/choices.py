@@ -165,10 +165,12 @@ def _python_kernel(qualname: str) -> Callable[..., Any] | None:
     return getattr(definition, "_init_fn", None)
 
 
-# Kept for the process, as upstream keeps lowerings: fresh_cache must not forget ops.
+# For the process, on purpose, as upstream keeps lowerings: registration happens once,
+# so fresh_cache must not forget ops.
 _may_communicate: dict[str, bool] = {}
 _registered_identities: dict[str, str] = {}
-# Seen at compiles since Inductor's caches were cleared; cached graphs must match them.
+# For the process until fresh_cache, on purpose, not per graph: identities seen at any
+# compile since Inductor's caches were cleared, which cached graphs must match.
 _identities: dict[str, str] = cleared_with_inductor_caches({})
 
 
@@ -549,8 +551,8 @@ def default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
     return next((c for c in choices if isinstance(c, ExternKernelCaller)), choices[0])
 
 
-# torch 2.11: one per autotune name for the process, since an ExternKernelChoice
-# registers its name with Inductor for good.
+# torch 2.11: one per autotune name for the process, on purpose (fresh_cache keeps
+# them), since an ExternKernelChoice registers its name with Inductor for good.
 _default_choices: dict[str, Any] = {}
 
 
