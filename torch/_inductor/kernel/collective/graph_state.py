@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable
-from typing import Any, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING, TypeVar
 
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class FrameState:
     ladder_uppers: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
+# By graph (a GraphLowering), for its life.
 _graph_states = weakref.WeakKeyDictionary["GraphLowering", CollectiveGraphState]()
 # By function (FunctionMemo) or by a frame's ShapeEnv (FrameState), for their lives.
 _kept = weakref.WeakKeyDictionary[Any, FunctionMemo | FrameState]()
@@ -119,11 +120,7 @@ def graph_state(graph: GraphLowering | None = None) -> CollectiveGraphState:
 def function_memo(fn: Callable[..., Any]) -> FunctionMemo:
     """``fn``'s memo, made on first use; TypeError where ``fn`` cannot be weakly
     referenced."""
-    memo = _kept.get(fn)
-    if memo is None:
-        memo = _kept[fn] = FunctionMemo()
-    assert isinstance(memo, FunctionMemo)  # a function is never a ShapeEnv
-    return memo
+    return _kept_for(fn, FunctionMemo)
 
 
 def recorded_memo(fn: Any) -> FunctionMemo | None:
@@ -137,8 +134,15 @@ def recorded_memo(fn: Any) -> FunctionMemo | None:
 
 def frame_state(shape_env: Any) -> FrameState:
     """The state of the frame compile whose ShapeEnv is ``shape_env``."""
-    state = _kept.get(shape_env)
-    if state is None:
-        state = _kept[shape_env] = FrameState()
-    assert isinstance(state, FrameState)  # a ShapeEnv is never a function
-    return state
+    return _kept_for(shape_env, FrameState)
+
+
+_Kept = TypeVar("_Kept", FunctionMemo, FrameState)
+
+
+def _kept_for(owner: Any, kind: type[_Kept]) -> _Kept:
+    kept = _kept.get(owner)
+    if kept is None:
+        kept = _kept[owner] = kind()
+    assert isinstance(kept, kind)  # an owner is a function or a ShapeEnv, never both
+    return kept
