@@ -13,7 +13,6 @@ import functools
 import inspect
 import logging
 import types
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -22,6 +21,12 @@ from torch._inductor.kernel.collective.detection import (
     lowered_call_names_a_group,
     op_name,
     uses_symmetric_memory,
+)
+from torch._inductor.kernel.collective.graph_state import (
+    function_memo,
+    graph_state,
+    recorded_memo,
+    TraceState,
 )
 from torch._inductor.kernel.collective.in_place import untraceable_collective
 from torch._inductor.kernel.collective.records import cleared_with_inductor_caches
@@ -160,10 +165,12 @@ def _python_kernel(qualname: str) -> Callable[..., Any] | None:
     return getattr(definition, "_init_fn", None)
 
 
-# Kept for the process, as upstream keeps lowerings: fresh_cache must not forget ops.
+# For the process, on purpose, as upstream keeps lowerings: registration happens once,
+# so fresh_cache must not forget ops.
 _may_communicate: dict[str, bool] = {}
 _registered_identities: dict[str, str] = {}
-# Seen at compiles since Inductor's caches were cleared; cached graphs must match them.
+# For the process until fresh_cache, on purpose, not per graph: identities seen at any
+# compile since Inductor's caches were cleared, which cached graphs must match.
 _identities: dict[str, str] = cleared_with_inductor_caches({})
 
 
@@ -289,32 +296,11 @@ def own_waits(op: torch._ops.OpOverload | None) -> Waits:
     return recorded_own_waits(_python_kernel(op_name(op)) if op is not None else None)
 
 
-# Per graph being lowered: traced_once's traces, by (implementation, op).
-_traces: weakref.WeakKeyDictionary[
-    Any, dict[tuple[Callable[..., Any], Any], dict[Any, Any]]
-] = weakref.WeakKeyDictionary()
-
-
-@dataclasses.dataclass
-class _TraceState:
-    """What tracing one guarded implementation showed: why it raised ("" if it did
-    not), and the traces :func:`traced_once` shares (None: not a collective op's)."""
-
-    failure: str = ""
-    traces: dict[Any, Any] | None = None
-
-
-# Keyed by the wrappers this module makes, never by users' callables.
-_trace_states: weakref.WeakKeyDictionary[Callable[..., Any], _TraceState] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _trace_state(fn: Any) -> _TraceState | None:
-    try:
-        return _trace_states.get(fn)
-    except TypeError:  # None, or a callable without weak references
-        return None
+def _trace_state(fn: Any) -> TraceState | None:
+    """What tracing ``fn`` showed, where it is a wrapper this module made (traces are
+    kept for those, never for users' callables); else None."""
+    memo = recorded_memo(fn)
+    return memo.trace if memo is not None else None
 
 
 def guarded_implementation(
@@ -328,7 +314,7 @@ def guarded_implementation(
     guard_errors = (symbolic_shapes._ShapeEnvGuardError, AssertionError)
     instead = the_op_itself(op, schema_arguments(op))
     waited = with_waits(decomposition, op)
-    state = _TraceState(traces=_shared_traces(decomposition, op))
+    state = TraceState(traces=_shared_traces(decomposition, op))
 
     @functools.wraps(waited)
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -345,7 +331,7 @@ def guarded_implementation(
             )
             return instead(*args, **kwargs)
 
-    _trace_states[guarded] = state
+    function_memo(guarded).trace = state
     return guarded
 
 
@@ -354,11 +340,10 @@ def _shared_traces(
 ) -> dict[Any, Any] | None:
     """traced_once's traces of ``decomposition``; None unless tuned collectively."""
     from torch._inductor import config
-    from torch._inductor.virtualized import V
 
     if not (config.collective_autotune and lowered_call_names_a_group(op)):
         return None
-    return _traces.setdefault(V.graph, {}).setdefault((decomposition, op), {})
+    return graph_state().traces.setdefault((decomposition, op), {})
 
 
 def traced_once(
@@ -399,7 +384,7 @@ def traced_once(
 
 
 def _shared_trace(
-    state: _TraceState, key: Any, trace_now: Callable[[], torch.fx.GraphModule]
+    state: TraceState, key: Any, trace_now: Callable[[], torch.fx.GraphModule]
 ) -> torch.fx.GraphModule:
     """A copy of the trace under ``key`` (``trace_now`` makes it), with its marks."""
     from torch._dynamo.utils import counters
@@ -419,7 +404,7 @@ def _shared_trace(
 
 
 def _traced_on_site_sizes(
-    state: _TraceState,
+    state: TraceState,
     site: tuple[Any, ...],
     implementation: Callable[..., Any],
     kwargs: dict[str, Any],
@@ -566,8 +551,8 @@ def default_choice(choices: Sequence[ChoiceCaller]) -> ChoiceCaller:
     return next((c for c in choices if isinstance(c, ExternKernelCaller)), choices[0])
 
 
-# torch 2.11: one per autotune name for the process, since an ExternKernelChoice
-# registers its name with Inductor for good.
+# torch 2.11: one per autotune name for the process, on purpose (fresh_cache keeps
+# them), since an ExternKernelChoice registers its name with Inductor for good.
 _default_choices: dict[str, Any] = {}
 
 
@@ -673,7 +658,7 @@ def _sharing_traces(
     def shared(*args: Any, **kwargs: Any) -> Any:
         return implementation(*args, **kwargs)
 
-    _trace_states[shared] = _TraceState(traces=state.traces)
+    function_memo(shared).trace = TraceState(traces=state.traces)
     return shared
 
 

@@ -14,7 +14,6 @@ import functools
 import json
 import logging
 import re
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from torch._inductor.kernel.collective.detection import (
     lowered_call_names_a_group,
     op_name,
 )
+from torch._inductor.kernel.collective.graph_state import graph_state
 from torch._inductor.kernel.collective.ladder import data_dependent_size, described
 from torch._inductor.kernel.collective.range_graphs import (
     known_span,
@@ -68,19 +68,12 @@ def untuned_at_data_dependent_size(
     return True
 
 
-# Per graph: benchmark_module's modules (None: no size-generic module).
-_benchmark_modules: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def benchmark_module(
     choice: Any, neighbours: Neighbours, stage: Stage = Stage.COMPILE
 ) -> Any:
     """``choice`` (a range's SubgraphChoiceCaller) compiled with ``neighbours`` once per
     implementation and graph for every size, so ranges do not each recompile it."""
     from torch._dynamo.utils import counters
-    from torch._inductor.virtualized import V
 
     implementation = implementation_of(choice)
     key = (
@@ -90,7 +83,7 @@ def benchmark_module(
         stage,
         *map(layout_of, choice.input_nodes),
     )
-    modules = _benchmark_modules.setdefault(V.graph, {})
+    modules = graph_state().benchmark_modules
     if key not in modules:
         counters["inductor"]["collective_autotune_range_builds"] += 1
         generic = _size_generic_module(choice, neighbours, stage)
@@ -159,7 +152,6 @@ def _dispatch_of_this_graph(
 ) -> torch.fx.GraphModule:
     """The traced dispatch of :func:`lower_size_dispatch`, logged and recorded."""
     from torch._dynamo.utils import counters
-    from torch._inductor.virtualized import V
 
     winners = tuple((top, g.impl_name) for top, g in branches)
     size = tensor_inputs[0].get_size()[dim]
@@ -197,7 +189,7 @@ def _dispatch_of_this_graph(
             how,
         )
     keep_size_path(record)
-    _size_paths.setdefault(V.graph, {})[name] = record
+    graph_state().size_paths[name] = record
     trace_structured(
         "artifact",
         metadata_fn=lambda: {
@@ -209,16 +201,10 @@ def _dispatch_of_this_graph(
     return dispatch
 
 
-# Per graph: how each call site, by op name, runs its sizes.
-_size_paths: weakref.WeakKeyDictionary[Any, dict[str, SizePathRecord]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def size_path_of(graph: Any, site: str) -> SizePathRecord | None:
     """How the call site autotuned as ``site`` ran its sizes in ``graph`` (a
     GraphLowering); None where it had no dynamic size."""
-    return _size_paths.get(graph, {}).get(site)
+    return graph_state(graph).size_paths.get(site)
 
 
 def _reachable(
@@ -296,11 +282,6 @@ def _as_tuple(out: Any) -> tuple[Any, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-_traced_dispatches: weakref.WeakKeyDictionary[
-    Any, dict[tuple[Any, ...], torch.fx.GraphModule]
-] = weakref.WeakKeyDictionary()
-
-
 def _traced_dispatch_of(
     op: torch._ops.OpOverload,
     branches: list[tuple[float, Any]],
@@ -311,7 +292,6 @@ def _traced_dispatch_of(
     """The dispatch among ``branches``, traced once per graph and copied for every
     call site that dispatches alike on inputs of the same sizes (a model's layers)."""
     from torch._dynamo.utils import counters
-    from torch._inductor.virtualized import V
 
     key = (
         str(op),
@@ -323,7 +303,7 @@ def _traced_dispatch_of(
         ),
         tuple(map(layout_of, tensor_inputs)),
     )
-    traced = _traced_dispatches.setdefault(V.graph, {})
+    traced = graph_state().traced_dispatches
     if key not in traced:
         counters["inductor"]["collective_autotune_dispatch_traces"] += 1
         traced[key] = _traced_dispatch(

@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from torch._inductor.kernel.collective.choices import (
     current_identity,
     registered_and_may_communicate,
 )
+from torch._inductor.kernel.collective.graph_state import graph_state
 from torch._inductor.kernel.collective.detection import (
     covering_group,
     named_groups,
@@ -181,29 +181,24 @@ class GroupSession:
 # Sessions joined by a rejected cache hit: the compile that follows takes them over.
 _pending: dict[tuple[str, str], GroupSession] = cleared_with_inductor_caches({})
 
-# The sessions of each graph being lowered, by group name: they live as long as it.
-_graph_sessions: weakref.WeakKeyDictionary[Any, dict[str, GroupSession]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSession:
     """The session of the graph being lowered on ``group``. At first use the graph joins
     all its groups' sessions in one order on every rank, so none wait in a cycle."""
     from torch._inductor.virtualized import V
 
-    graph = V.graph
-    sessions = _graph_sessions.get(graph)
+    state = graph_state()
+    sessions = state.sessions
     if sessions is None:
         sessions = {}
-        plan = _plan(graph.module)
+        plan = _plan(V.graph.module)
         for name in sorted(plan):
             member = _resolve(name)
             if member is not None:
                 sessions[name] = _join(
                     member, digest(plan[name], _timing_context()), settings, loaded=""
                 )
-        _graph_sessions[graph] = sessions
+        state.sessions = sessions
     if group.group_name not in sessions:
         # A site the plan could not see (a hidden collective, or another group).
         node = V.graph.current_node
@@ -216,9 +211,7 @@ def session_for(group: ProcessGroup, settings: BenchmarkSettings) -> GroupSessio
 
 def joined_session(group: ProcessGroup) -> GroupSession | None:
     """The session of the graph being lowered on ``group``, once joined (no waiting)."""
-    from torch._inductor.virtualized import V
-
-    return _graph_sessions.get(V.graph, {}).get(group.group_name)
+    return (graph_state().sessions or {}).get(group.group_name)
 
 
 def _timing_context() -> tuple[Any, ...]:
@@ -760,7 +753,7 @@ def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     and cache entry, each with the size ranges the graph was guarded on."""
     guarded = range_graphs.guarded_range(graph)
     decisions = []
-    for session in _graph_sessions.get(graph, {}).values():
+    for session in (graph_state(graph).sessions or {}).values():
         for decision in session.inlined.values():
             path = dispatch.size_path_of(graph, decision.site)
             decisions.append(

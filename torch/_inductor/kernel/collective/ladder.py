@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from torch._inductor.kernel.collective.detection import (
     lowered_call_names_a_group,
     op_name,
 )
+from torch._inductor.kernel.collective.graph_state import frame_state
 from torch._inductor.kernel.collective.records import Measurement, winner_change_points
 from torch._inductor.runtime.collective_benchmarking import BenchmarkSettings
 from torch._inductor.runtime.collective_protocol import process_group_initialized
@@ -166,12 +166,6 @@ def data_dependent_size(tensor_inputs: Sequence[Any]) -> Any | None:
     )
 
 
-# Per ShapeEnv (one per frame compile): the ladder's upper bound of each dynamic size.
-_ladder_uppers: weakref.WeakKeyDictionary[Any, dict[str, int]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def _upper_bound(size: Any, dynamic_max: int) -> int:
     """The ladder's top for ``size``: its bound, else ``dynamic_max``; the bound the
     frame's first site saw, as later sites and the backward graph must use the same
@@ -179,7 +173,7 @@ def _upper_bound(size: Any, dynamic_max: int) -> int:
     from torch._inductor.virtualized import V
 
     shape_env = V.graph.sizevars.shape_env
-    uppers = _ladder_uppers.setdefault(shape_env, {})
+    uppers = frame_state(shape_env).ladder_uppers
     if str(size) not in uppers:
         bounds = shape_env.bound_sympy(size)
         uppers[str(size)] = (

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import sympy
 import torch
+from torch._inductor.kernel.collective.graph_state import graph_state
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,6 @@ class GuardedRange:
     def __str__(self) -> str:
         high = "inf" if self.high == math.inf else str(int(self.high))
         return f"{self.size} in ({int(self.low)}, {high}]"
-
-
-# Per graph and size expression: the range tops guarded so far, shared by all ranges.
-_partitions: weakref.WeakKeyDictionary[Any, dict[str, set[float]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def range_of_this_graph(
@@ -92,16 +86,8 @@ def known_span(size: Any, tops: Sequence[float]) -> tuple[float, float, str]:
     return low, high, "; ".join(said)
 
 
-# Per graph: cached _known results (knowledge of a size only narrows while lowering).
-_known_ranges: weakref.WeakKeyDictionary[
-    Any, dict[tuple[str, tuple[float, ...]], tuple[GuardedRange, str]]
-] = weakref.WeakKeyDictionary()
-
-
 def _known(size: Any, tops: Sequence[float]) -> tuple[GuardedRange, str] | None:
-    from torch._inductor.virtualized import V
-
-    known = _known_ranges.setdefault(V.graph, {})
+    known = graph_state().known_ranges
     key = (str(size), tuple(sorted(tops)))
     if key not in known:
         low, high, why = known_span(size, tops)
@@ -209,22 +195,15 @@ def _guard(size: Any, tops: Sequence[float]) -> GuardedRange:
             cell = GuardedRange(size, low, top, guarded=True)
             break
         low = top
-    _guarded.setdefault(V.graph, []).append(cell)
+    graph_state().guarded_ranges.append(cell)
     return cell
-
-
-_guarded: weakref.WeakKeyDictionary[Any, list[GuardedRange]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def guarded_range(graph: Any) -> str:
     """The size ranges ``graph`` (a GraphLowering) was guarded on, for its cache entry:
     such an entry is valid only where guards are checked. "" for none."""
-    return "; ".join(sorted({str(cell) for cell in _guarded.get(graph, [])}))
+    return "; ".join(sorted({str(cell) for cell in graph_state(graph).guarded_ranges}))
 
 
 def _partition(size: Any) -> set[float]:
-    from torch._inductor.virtualized import V
-
-    return _partitions.setdefault(V.graph, {}).setdefault(str(size), {math.inf})
+    return graph_state().partitions.setdefault(str(size), {math.inf})

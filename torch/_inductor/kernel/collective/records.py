@@ -186,8 +186,10 @@ def cleared_with_inductor_caches(state: _State) -> _State:
     return state
 
 
+# For the process until fresh_cache, on purpose: every graph's decisions, for users and
+# tests to read after compiling.
 _records: list[CollectiveAutotuneRecord] = cleared_with_inductor_caches([])
-
+# As long: how every dynamic call site ran its sizes, for warm_up_sizes across graphs.
 _size_paths: list[SizePathRecord] = cleared_with_inductor_caches([])
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TYPE_CHECKING
 
@@ -35,6 +34,7 @@ from torch._inductor.kernel.collective.detection import (
     outside,
     synchronised_group,
 )
+from torch._inductor.kernel.collective.graph_state import graph_state
 from torch._inductor.kernel.collective.graph_sessions import (
     GroupChoice,
     GroupSession,
@@ -147,12 +147,6 @@ class CallSite:
         )
 
 
-# Per graph, by op name: sites prepared before tracing, taken by decide_site.
-_prepared: weakref.WeakKeyDictionary[Any, dict[str, CallSite]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def prepare_site(
     name: str,
     implementations: Implementations,
@@ -165,10 +159,9 @@ def prepare_site(
     communicate: the site is then built after tracing). The site's group is the call's
     for good."""
     from torch._inductor import config
-    from torch._inductor.virtualized import V
 
     op = implementations.op
-    _prepared.setdefault(V.graph, {}).pop(name, None)
+    _prepared_sites().pop(name, None)
     arguments = (implementations.non_tensor_args or [{}])[0]
     if not (
         config.collective_autotune
@@ -189,7 +182,7 @@ def prepare_site(
     )
     device = benchmark_device(inputs[0].get_device())
     site = _call_site(call, group, device, timing, neighbours)
-    _prepared[V.graph][name] = site
+    _prepared_sites()[name] = site
     return site
 
 
@@ -251,17 +244,8 @@ def _call_site(
     )
 
 
-# Per graph: settings and code identities, constant while a graph is lowered and
-# otherwise recomputed for every range and layer.
-_graph_constants: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Any]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def _once_per_graph(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
-    from torch._inductor.virtualized import V
-
-    constants = _graph_constants.setdefault(V.graph, {})
+    constants = graph_state().constants
     if key not in constants:
         constants[key] = compute()
     return constants[key]
@@ -338,9 +322,8 @@ def prepared_group(name: str) -> ProcessGroup | None:
 
 
 def _prepared_sites() -> dict[str, CallSite]:
-    from torch._inductor.virtualized import V
-
-    return _prepared.setdefault(V.graph, {})
+    """This graph's sites prepared before tracing, by op name, taken by decide_site."""
+    return graph_state().prepared_sites
 
 
 def prepare_probe(site: CallSite) -> None:

@@ -12,7 +12,6 @@ import dataclasses
 import enum
 import functools
 import logging
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from torch._inductor.kernel.collective.detection import (
     NamedGroup,
     op_name,
 )
+from torch._inductor.kernel.collective.graph_state import function_memo, recorded_memo
 from torch._inductor.kernel.collective.in_place import AsFunctional
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
@@ -140,12 +140,6 @@ class Waits(enum.Enum):
         return Waits.OUTPUT if added else Waits.NONE
 
 
-# Per implementation, weakly: a function defined anew is traced anew.
-_found: weakref.WeakKeyDictionary[Callable[..., Any], Waits] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def with_waits(
     implementation: Callable[..., Any], op: torch._ops.OpOverload
 ) -> Callable[..., Any]:
@@ -160,31 +154,23 @@ def with_waits(
         with mode, AsFunctional():
             out = implementation(*args, **kwargs)
             out = tree_map_only(torch.Tensor, mode.wait, out)
-        _found[implementation] = Waits.of(mode.added)
+        function_memo(implementation).waits = Waits.of(mode.added)
         if mode.added:
             _say_waited(
                 op_name(op), getattr(implementation, "__name__", ""), mode.added
             )
         return out
 
-    _waited[waited] = (implementation, op)
+    function_memo(waited).wrapped = (implementation, op)
     return waited
-
-
-_waited: weakref.WeakKeyDictionary[
-    Callable[..., Any], tuple[Callable[..., Any], Any]
-] = weakref.WeakKeyDictionary()
 
 
 def _wrapped_by_with_waits(fn: Any) -> tuple[Callable[..., Any], Any] | None:
     """(implementation, op) of the with_waits wrapper ``fn`` is or wraps, or None."""
     while fn is not None:
-        try:
-            found = _waited.get(fn)
-        except TypeError:  # a callable without weak references
-            return None
-        if found is not None:
-            return found
+        memo = recorded_memo(fn)
+        if memo is not None and memo.wrapped is not None:
+            return memo.wrapped
         fn = getattr(fn, "__wrapped__", None)
     return None
 
@@ -205,7 +191,8 @@ def dispatchable(fn: Callable[..., Any]) -> Callable[..., Any]:
     if wrapped is None:
         return fn
     implementation, op = wrapped
-    found = _found.get(implementation, Waits.NONE)
+    recorded = function_memo(implementation).waits
+    found = Waits.NONE if recorded is None else recorded
     if found is Waits.READS:
         raise CollectiveAutotuneError(
             f"{op_name(op)}: its implementation "
@@ -238,13 +225,6 @@ class OwnImplementation:
     groups: tuple[NamedGroup, ...] = ()
 
 
-# Per op body, weakly (an op defined anew is traced anew), then per call's arguments:
-# the groups a body communicates over are those its call names.
-_own: weakref.WeakKeyDictionary[Callable[..., Any], dict[str, OwnImplementation]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def trace_own_implementation(
     op: torch._ops.OpOverload,
     body: Callable[..., Any],
@@ -259,7 +239,7 @@ def trace_own_implementation(
     from torch._inductor.virtualized import V
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    traces = _own.setdefault(body, {})
+    traces: dict[str, OwnImplementation] = function_memo(body).own_implementations
     call = repr(sorted(kwargs.items()))
     if call in traces:
         return traces[call]
@@ -304,7 +284,8 @@ def trace_own_implementation(
 def recorded_own_waits(body: Any) -> Waits:
     """What :func:`trace_own_implementation` found ``body`` needs at its latest call
     (NONE if untraced): its code decides, not the call's arguments."""
-    traces = _own.get(body) if body is not None else None
+    memo = recorded_memo(body)
+    traces = memo.own_implementations if memo is not None else None
     return list(traces.values())[-1].waits if traces else Waits.NONE
 
 
