@@ -397,6 +397,17 @@ def _compile_twice_bundled() -> None:
         _compile_twice()
 
 
+def _expect_the_groups_error(e: Exception) -> None:
+    """``e`` is the group's CollectiveAutotuneError, or wraps it (Dynamo wraps what the
+    backend raised); anything else means upstream swallowed or replaced it."""
+    from torch._inductor.runtime.collective_protocol import CollectiveAutotuneError
+
+    if not isinstance(e, CollectiveAutotuneError) and not isinstance(
+        e.__cause__ or e.__context__, CollectiveAutotuneError
+    ):
+        raise ContractBroken(f"the group's error became {e!r}") from e
+
+
 def check_bundled_cache_entries_are_asked_about() -> None:
     """AOTAutogradCache's lookup asks cached_entry_usable of every candidate entry
     (GuardedCache._usable); try_load asks group_takes_cached_entry of a hit before it
@@ -433,11 +444,8 @@ def check_bundled_cache_entries_are_asked_about() -> None:
     with mock.patch.object(hooks, "group_takes_cached_entry", fails):
         try:
             _compile_twice_bundled()
-        except Exception as e:  # Dynamo wraps what the backend raised
-            if not isinstance(e, CollectiveAutotuneError) and not isinstance(
-                e.__cause__ or e.__context__, CollectiveAutotuneError
-            ):
-                raise ContractBroken(f"the group's error became {e!r}") from e
+        except Exception as e:
+            _expect_the_groups_error(e)
         else:
             raise ContractBroken("the group's error inside try_load was swallowed")
 
@@ -544,11 +552,8 @@ def check_graph_loads_let_the_groups_errors_out() -> None:
     ):
         try:
             _compile_twice()
-        except Exception as e:  # Dynamo wraps what the backend raised
-            if not isinstance(e, CollectiveAutotuneError) and not isinstance(
-                e.__cause__ or e.__context__, CollectiveAutotuneError
-            ):
-                raise ContractBroken(f"the group's error became {e!r}") from e
+        except Exception as e:
+            _expect_the_groups_error(e)
         else:
             if not raised:
                 raise ContractBroken(

@@ -271,10 +271,6 @@ class ChoiceTiming:
             if math.isnan(getattr(self, name)):
                 object.__setattr__(self, name, self.max_us)
 
-    def clearly_faster_than(self, other: ChoiceTiming) -> bool:
-        """Whether this choice beat ``other`` by more than the samples' spread."""
-        return clearly_slower(other.low_us, self.high_us)
-
 
 class Verdict(enum.IntEnum):
     """A screened call's outcome on one rank, as one all-reduce carries it."""

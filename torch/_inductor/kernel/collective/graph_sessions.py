@@ -22,7 +22,10 @@ from torch._inductor.kernel.collective.choices import (
     current_identity,
     registered_and_may_communicate,
 )
-from torch._inductor.kernel.collective.graph_state import graph_state
+from torch._inductor.kernel.collective.graph_state import (
+    graph_state,
+    recorded_graph_state,
+)
 from torch._inductor.kernel.collective.detection import (
     covering_group,
     named_groups,
@@ -751,9 +754,12 @@ class SettledSite:
 def inlined_decisions(graph: Any) -> tuple[InlinedDecision, ...]:
     """The decisions that ``graph`` (a GraphLowering) inlines, for its compiled graph
     and cache entry, each with the size ranges the graph was guarded on."""
+    state = recorded_graph_state(graph)
+    if state is None or not state.sessions:
+        return ()
     guarded = range_graphs.guarded_range(graph)
     decisions = []
-    for session in (graph_state(graph).sessions or {}).values():
+    for session in state.sessions.values():
         for decision in session.inlined.values():
             path = dispatch.size_path_of(graph, decision.site)
             decisions.append(

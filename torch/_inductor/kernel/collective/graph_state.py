@@ -117,6 +117,12 @@ def graph_state(graph: GraphLowering | None = None) -> CollectiveGraphState:
     return state
 
 
+def recorded_graph_state(graph: GraphLowering) -> CollectiveGraphState | None:
+    """``graph``'s state if collective autotuning made one while lowering it: a graph
+    without collective ops gets none."""
+    return _graph_states.get(graph)
+
+
 def function_memo(fn: Callable[..., Any]) -> FunctionMemo:
     """``fn``'s memo, made on first use; TypeError where ``fn`` cannot be weakly
     referenced."""

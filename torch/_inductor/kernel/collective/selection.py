@@ -360,7 +360,7 @@ def decide_site(
     counters["inductor"]["collective_autotune_sites"] += 1
     member = participant(site.settings.timeout)
     waited_before, requests_before = member.waited_s, member.client.requests
-    work = _SiteWork(site, by_label, choices, inputs)
+    work = _SiteWork(site, by_label, inputs)
     record = _agreed_record(work, started)
     waited_s = member.waited_s - waited_before
     return (
@@ -464,7 +464,6 @@ class _SiteWork:
 
     site: CallSite
     by_label: dict[str, ChoiceCaller]
-    choices: list[ChoiceCaller]
     inputs: BenchmarkInputs
     build_s: float = 0.0  # seconds compiling choices
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
