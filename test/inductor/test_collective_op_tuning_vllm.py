@@ -376,7 +376,16 @@ class TestVllmPipeline(CollectiveTestCase):
         timed again), and jobs where one rank's Inductor cache is gone, so that its
         peers' cache hits are refused by the group (the hit they recorded must not stay
         beside the entry compiled instead). Every job runs, every size its winner."""
-        jobs = EngineJobs(self.tmp_path, world_size, VLLM_USE_AOT_COMPILE="0")
+        # A rank of four on 2 cores, beside make test's other lanes, can reach a
+        # benchmark's first collective more than the default 30 s after its peers
+        # (seen once: every rank then stops, as it should); no job here waits on an
+        # absent rank, so a longer bound changes nothing else.
+        jobs = EngineJobs(
+            self.tmp_path,
+            world_size,
+            VLLM_USE_AOT_COMPILE="0",
+            TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIMEOUT="120",
+        )
         last = world_size - 1
         # (costs, forget vLLM's artifacts, the rank whose Inductor cache is removed)
         plan = [
