@@ -951,10 +951,10 @@ def check_timing_groups_run_collectives_by_name() -> None:
 
     fc = torch.ops._c10d_functional
     with one_rank_group() as group:
-        made = timing.timing_group(group, 5.0)
+        if not timing.has_timing_group(group):
+            raise ContractBroken("no timing group can be made of a gloo group")
+        made = timing.timing_group(group, 5.0, 0)
         try:
-            if made is group:
-                raise ContractBroken("no timing group could be made of a gloo group")
             name = timing.timing_name(group.group_name)
             resolved = torch._C._distributed_c10d._resolve_process_group(name)
             if resolved.group_name != made.group_name:

@@ -30,8 +30,12 @@ from collective_harness import (
 from collective_scenarios import (
     COMPILE_MARGIN_S,
     patched_timeout,
+    register_two_choices,
     TIMEOUT_S,
 )
+
+# A benchmark timeout that a wait on a group its peers never joined would show.
+TIMING_GROUP_TIMEOUT_S = 20.0
 
 
 # -- a choice that cannot be built on one rank -----------------------------------------------
@@ -147,12 +151,13 @@ def slow_on_one_rank_body(r: Rank) -> dict:
     return {"error": None, "s": time.monotonic() - begin}
 
 
-def stuck_then_eager_body(r: Rank) -> dict:
-    """A choice stuck on rank 1 past the timeout stops tuning on every rank; Dynamo
-    falls back to eager (suppress_errors), whose all-reduce runs on the user's group:
-    the benchmark timed on a group of its own, so that group is left working."""
+def stuck_then_eager_body(r: Rank, stuck_ms: str = "0,8000") -> dict:
+    """A choice stuck past the timeout (``stuck_ms`` by rank: on rank 1) stops tuning
+    on every rank; Dynamo falls back to eager (suppress_errors), whose all-reduce runs
+    on the user's group: the benchmark timed on a group of its own, so that group is
+    left working."""
     ops.register_all_reduce(
-        ops.all_reduce_then("stuck", "0,8000"), ops.all_reduce_then("one_all_reduce")
+        ops.all_reduce_then("stuck", stuck_ms), ops.all_reduce_then("one_all_reduce")
     )
     x = torch.full((8, 8), float(r.rank + 1), device=r.device)
     with (
@@ -163,6 +168,66 @@ def stuck_then_eager_body(r: Rank) -> dict:
     after = torch.full((2,), float(r.rank + 1), device=r.device)
     torch.distributed.all_reduce(after, group=r.group)
     return {"out": out.cpu().tolist(), "after": after.cpu().tolist()}
+
+
+# -- the benchmark's own group, where its ranks' views of it differ ------------------------
+
+
+def one_sided_discard_body(r: Rank) -> dict:
+    """Rank 0 alone forgets its timing group between two sites' benchmarks, as a
+    benchmark that failed there alone does: the group makes a new one together."""
+    from torch._inductor.runtime import collective_timing_group
+
+    register_two_choices()
+    group = r.group.group_name
+    begin = time.monotonic()
+    with patched_timeout(TIMING_GROUP_TIMEOUT_S):
+        records = compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
+        if r.rank == 0:
+            collective_timing_group.discard(r.group, TIMING_GROUP_TIMEOUT_S)
+        records += compile_and_check(
+            lambda x: ops.all_reduce(x, group) * 2, torch.randn(16, 8, device=r.device)
+        )
+    return {"records": records, "s": time.monotonic() - begin}
+
+
+def refused_connection_body(r: Rank) -> dict:
+    """Rank 1's half of the first timing group fails after it connected (a connection
+    closed under load), while rank 0's connected: the group makes a new one
+    together, and the benchmark goes on."""
+    from unittest import mock
+
+    from torch._inductor.runtime import collective_timing_group
+
+    made = collective_timing_group._made
+    refused: list[int] = []
+
+    def once_refused(group, timeout, generation):
+        timing = made(group, timeout, generation)
+        if r.rank == 1 and not refused:
+            refused.append(generation)
+            raise RuntimeError("Connection closed by peer (planted)")
+        return timing
+
+    register_two_choices()
+    group = r.group.group_name
+    begin = time.monotonic()
+    with (
+        mock.patch.object(collective_timing_group, "_made", once_refused),
+        patched_timeout(TIMING_GROUP_TIMEOUT_S),
+    ):
+        records = compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
+    after = torch.ones(2, device=r.device)
+    torch.distributed.all_reduce(after, group=r.group)
+    return {
+        "records": records,
+        "s": time.monotonic() - begin,
+        "after": after.cpu().tolist(),
+    }
 
 
 class TestFailingChoices(CollectiveTestCase):
@@ -339,6 +404,21 @@ class TestFailingChoices(CollectiveTestCase):
             "stopped on every rank of the group", stuck["error"], msg=stuck["error"]
         )
         self.assertLess(stuck["s"], 8.0 + COMPILE_MARGIN_S)
+
+    def test_a_timing_group_forgotten_on_one_rank_is_made_anew_by_all(self):
+        for result in assert_all_ok(run_ranks(2, one_sided_discard_body)):
+            self.assertEqual(
+                [rec.decision for rec in result["records"]], ["benchmark"] * 2
+            )
+            # Agreed in the Store: nobody waited out a timeout on the other's group.
+            self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
+
+    def test_a_timing_group_one_rank_failed_to_join_is_made_again(self):
+        for result in assert_all_ok(run_ranks(2, refused_connection_body)):
+            (record,) = result["records"]
+            self.assertEqual(record.decision, "benchmark", msg=record)
+            self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
+            self.assertEqual(result["after"], [2.0, 2.0])
 
 
 instantiate_parametrized_tests(TestFailingChoices)

@@ -31,7 +31,13 @@ import torch
 from torch.distributed._store_session import Deadline, describe, look_interval
 
 from .collective_protocol import CollectiveAutotuneError, StoreLostError
-from .collective_timing_group import discard, timing_group
+from .collective_timing_group import (
+    discard,
+    generations,
+    Generations,
+    has_timing_group,
+    timing_group,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -53,6 +59,8 @@ _MIN_LONG_GRAPH_CALLS = 2
 # Rounds before the first cross-rank comparison; host-paced GPU samples jitter more.
 _MIN_ROUNDS = 3
 _MIN_EAGER_GPU_ROUNDS = 5
+# Tries to make a timing group together (a connection refused under load is retried).
+_TIMING_GROUP_ATTEMPTS = 2
 # How far quartiles must part for "clearly slower": few samples' quartiles still move.
 DROP_MARGIN = 0.02
 # Medians within this fraction of the leader's are a tie.
@@ -402,7 +410,7 @@ class CollectiveBenchmarker:
         try:
             liveness = self.session.participant.liveness
             with liveness.working(doing, beat=False), self._on_device():
-                self._group = timing_group(self.process_group, self.settings.timeout)
+                self._group = self._agreed_timing_group(doing)
                 yield
         except StoreLostError:
             discard(self.process_group, self.settings.timeout)
@@ -420,6 +428,51 @@ class CollectiveBenchmarker:
             )
             self.session.abort(str(error))
             raise error from e
+
+    def _agreed_timing_group(self, doing: str) -> ProcessGroup:
+        """The timing group (collective_timing_group) of the generation every rank
+        holds; else one all make anew, at a generation none of them made before. Votes
+        in the Store bound the waits: a rank whose part of a group its peers failed to
+        join (one-sided discards, a connection refused) never waits on it in a
+        collective. One retry, then the group's error."""
+        group, timeout = self.process_group, self.settings.timeout
+        if not has_timing_group(group):
+            return group
+        said = [
+            Generations(*r)
+            for r in self.session.vote(
+                f"{doing}/timing group",
+                list(dataclasses.astuple(generations(group, timeout))),
+            )
+        ]
+        held = said[0].held
+        if held is not None and all(r.held == held for r in said):
+            return timing_group(group, timeout, held)
+        generation = max(r.newest for r in said)
+        failures: list[str] = []
+        for attempt in range(_TIMING_GROUP_ATTEMPTS):
+            generation += 1
+            try:
+                made, why = timing_group(group, timeout, generation), ""
+            except Exception as e:
+                log.debug("making the timing group failed", exc_info=True)
+                discard(group, timeout)
+                made, why = None, describe(e)[:300]
+            reports = self.session.vote(f"{doing}/timing group {generation}", why)
+            failures = [f"group rank {r}: {w}" for r, w in enumerate(reports) if w]
+            if made is not None and not failures:
+                return made
+            discard(group, timeout)
+            log.info(
+                "%s: the benchmark's own group (generation %d) failed to connect: %s",
+                doing,
+                generation,
+                "; ".join(failures),
+            )
+        raise CollectiveAutotuneError(
+            f"{doing}: the benchmark's own group of the group's ranks could not be "
+            f"made in {_TIMING_GROUP_ATTEMPTS} attempts: " + "; ".join(failures)
+        )
 
     # -- the screen ---------------------------------------------------------------
 

@@ -8,9 +8,12 @@ changes what the user set. So every rank of a group times on a *timing group* of
 same ranks whose own timeout is the benchmark's. It is built from backends of the
 group's kinds over the c10d Store, not with ``dist.new_group``, which advances c10d's
 group counter on the group's ranks alone (later groups of the job would get other names
-on other ranks). It is made at the group's first benchmark, where all its ranks are,
-once per group, timeout and job attempt, and kept; a failed benchmark discards it (on
-NCCL aborting its communicator, which frees a kernel still waiting for a peer).
+on other ranks). It is kept per group and timeout, under a *generation* that names its
+rendezvous in the Store; a failed benchmark discards it on the rank that failed (on
+NCCL aborting its communicator, which frees a kernel still waiting for a peer). Ranks
+may so hold different generations, or one may hold half of a group its peers failed to
+join: the benchmark agrees on the generation in the Store before every use
+(collective_benchmarking), and all its ranks make a new one together where they differ.
 
 Compiled choices reach it by name: a choice built for the benchmark passes
 :func:`timing_name` of its group, which names the group itself until the group's first
@@ -19,6 +22,7 @@ benchmark and its timing group from then on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -38,10 +42,20 @@ _SUFFIX = ":collective_timing"
 # on the host ends a wait first, and aborts the communicator itself.
 _NCCL_TIMEOUTS = 2
 
-# By (group name, timeout): the group and the timing group made for it, and how many
-# were discarded (a name a new job in this process gives another group is made anew).
-_timing_groups: dict[tuple[str, float], tuple[ProcessGroup, ProcessGroup]] = {}
-_discarded: dict[tuple[str, float], int] = {}
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A group, the timing group this rank made for it and that one's generation."""
+
+    group: ProcessGroup
+    timing: ProcessGroup
+    generation: int
+
+
+# By (group name, timeout): what this rank holds, and the newest generation it made (a
+# discarded one's rendezvous keys stay in the Store; a new one must not meet them).
+_held: dict[tuple[str, float], _Held] = {}
+_newest: dict[tuple[str, float], int] = {}
 
 
 def timing_name(group_name: str) -> str:
@@ -56,19 +70,58 @@ def timing_name(group_name: str) -> str:
     return name
 
 
-def timing_group(group: ProcessGroup, timeout: float) -> ProcessGroup:
-    """The timing group of ``group`` (made now, collectively, at the first call of
-    every rank of ``group``); ``group`` itself where its backends are neither gloo
-    nor NCCL."""
+def has_timing_group(group: ProcessGroup) -> bool:
+    """Whether ``group``'s collectives are timed on a timing group: its backends are
+    gloo or NCCL (the same answer on every rank of it)."""
+    import torch.distributed as dist
+
+    for device in group._device_types:
+        backend = group._get_backend(device)
+        gloo = isinstance(backend, dist.ProcessGroupGloo)
+        nccl = dist.is_nccl_available() and isinstance(backend, dist.ProcessGroupNCCL)
+        if not (gloo or nccl):
+            log.warning(
+                "group %s has a %s backend for %s: collective choices are timed on "
+                "the group itself",
+                group.group_name,
+                type(backend).__name__,
+                device,
+            )
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Generations:
+    """What one rank says of its timing groups for a group: the generation it holds
+    (None: none) and the newest it made (-1: none)."""
+
+    held: int | None
+    newest: int
+
+
+def generations(group: ProcessGroup, timeout: float) -> Generations:
     key = (group.group_name, timeout)
-    if key not in _timing_groups or _timing_groups[key][0] is not group:
-        made = _made(group, timeout, _discarded.get(key, 0))
-        if made is None:
-            return group
-        _timing_groups[key] = (group, made)
-    timing = _timing_groups[key][1]
-    _point(group.group_name + _SUFFIX, timing)
-    return timing
+    held = _held.get(key)
+    return Generations(
+        held.generation if held is not None and held.group is group else None,
+        _newest.get(key, -1),
+    )
+
+
+def timing_group(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup:
+    """The timing group of ``group`` of ``generation``: the one held, else made now,
+    collectively (every rank of ``group`` calls this with the same ``generation``).
+    Raises where the rendezvous or the connection failed on this rank."""
+    key = (group.group_name, timeout)
+    held = _held.get(key)
+    if held is None or held.group is not group or held.generation != generation:
+        discard(group, timeout)
+        _newest[key] = max(generation, _newest.get(key, -1))
+        held = _Held(group, _made(group, timeout, generation), generation)
+        _held[key] = held
+    _point(group.group_name + _SUFFIX, held.timing)
+    return held.timing
 
 
 def discard(group: ProcessGroup, timeout: float) -> None:
@@ -76,22 +129,19 @@ def discard(group: ProcessGroup, timeout: float) -> None:
     have timed out. An NCCL one's communicator is aborted."""
     import torch.distributed as dist
 
-    key = (group.group_name, timeout)
-    made = _timing_groups.pop(key, None)
-    if made is None:
+    held = _held.pop((group.group_name, timeout), None)
+    if held is None:
         return
-    timing = made[1]
-    _discarded[key] = _discarded.get(key, 0) + 1
     _point(group.group_name + _SUFFIX, group)
-    for device in timing._device_types:
-        backend = timing._get_backend(device)
+    for device in held.timing._device_types:
+        backend = held.timing._get_backend(device)
         if dist.is_nccl_available() and isinstance(backend, dist.ProcessGroupNCCL):
             backend.abort()
 
 
-def _made(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup | None:
-    """A new group of ``group``'s ranks and backend kinds with the benchmark's
-    ``timeout``; None for other backends than gloo and NCCL."""
+def _made(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup:
+    """A new group of ``group``'s ranks and backend kinds (gloo, NCCL) with the
+    benchmark's ``timeout``."""
     import torch.distributed as dist
     from torch._C._distributed_c10d import ProcessGroup as CProcessGroup
 
@@ -114,20 +164,11 @@ def _made(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup 
             options._threads = backend.options._threads
             options._timeout = timedelta(seconds=timeout)
             made = dist.ProcessGroupGloo(device_store, rank, size, options)
-        elif dist.is_nccl_available() and isinstance(backend, dist.ProcessGroupNCCL):
+        else:  # NCCL (has_timing_group)
             kind = backend_type.NCCL
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timedelta(seconds=_NCCL_TIMEOUTS * timeout)
             made = dist.ProcessGroupNCCL(device_store, rank, size, options)
-        else:
-            log.warning(
-                "group %s has a %s backend for %s: collective choices are timed on "
-                "the group itself",
-                group.group_name,
-                type(backend).__name__,
-                device,
-            )
-            return None
         timing._register_backend(device, kind, made)
         kinds.append(kind)
     # As a group of several backends: NCCL where the group has it.
@@ -136,10 +177,11 @@ def _made(group: ProcessGroup, timeout: float, generation: int) -> ProcessGroup 
     )
     timing._set_group_name(group.group_name + _SUFFIX)
     log.debug(
-        "timing group of %s made (ranks %d, timeout %g s)",
+        "timing group of %s made (ranks %d, timeout %g s, generation %d)",
         group.group_name,
         size,
         timeout,
+        generation,
     )
     return timing
 
