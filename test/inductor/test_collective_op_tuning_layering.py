@@ -109,6 +109,21 @@ class TestCollectiveImportLayering(TestCase):
         protocol = import_graph()["torch._inductor.runtime.collective_protocol"]
         self.assertIn(name, protocol)
 
+    def test_inductors_collective_package_reaches_the_store_through_the_protocol(self):
+        # The generic Store session is collective_protocol's to wrap: the package's
+        # modules take its types and its helpers from there.
+        modules = _modules()
+        reaching = [
+            name
+            for name, path in modules.items()
+            if name.startswith(PACKAGES[0])
+            and any(
+                m.startswith("torch.distributed._store_session")
+                for m in _imported(name, ast.parse(path.read_text(), str(path)))
+            )
+        ]
+        self.assertEqual(reaching, [])
+
     def test_collective_modules_import_one_way(self):
         self.assertEqual(find_circle(import_graph()), [])
 

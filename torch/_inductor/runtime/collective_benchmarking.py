@@ -408,8 +408,7 @@ class CollectiveBenchmarker:
         the timeout), without heartbeats (every rank bounds its own); an error aborts
         the session and discards the timing group."""
         try:
-            liveness = self.session.participant.liveness
-            with liveness.working(doing, beat=False), self._on_device():
+            with self.session.working(doing, beat=False), self._on_device():
                 self._group = self._agreed_timing_group(doing)
                 yield
         except StoreLostError:

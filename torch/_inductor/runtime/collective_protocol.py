@@ -6,14 +6,17 @@ its collective-tuned call sites), before it issues any device collective."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from torch.distributed import _store_session
 from torch.distributed._store_session import (
     attempt_namespace as _attempt_namespace,
+    describe,
+    GroupDecisions,
     Liveness,
     member_groups as _member_groups,
     Participant,
@@ -22,6 +25,28 @@ from torch.distributed._store_session import (
     Vocabulary,
     WireMessage,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+
+# What Inductor's collective package takes of the Store protocol, through this module
+# alone (the layering test holds it to that).
+__all__ = [
+    "CollectiveAutotuneError",
+    "CollectiveSession",
+    "Decision",
+    "DecisionKind",
+    "describe",
+    "group_decisions",
+    "GroupDecisions",
+    "Join",
+    "MalformedMessageError",
+    "participant",
+    "process_group_initialized",
+    "StoreLostError",
+    "WireMessage",
+]
 
 
 NAMESPACE = "collective_autotune"
@@ -102,6 +127,13 @@ class CollectiveSession(StoreSession):
         self.votes = self.took_part and decision.kind == DecisionKind.COMPILE
         return decision
 
+    def working(
+        self, doing: str, beat: bool = True
+    ) -> contextlib.AbstractContextManager[None]:
+        """While in the block this rank is heard ``doing`` (beating, unless the work
+        bounds its own waits): its peers wait for it rather than give up on it."""
+        return self.participant.liveness.working(doing, beat=beat)
+
 
 def process_group_initialized() -> bool:
     import torch.distributed as dist
@@ -139,3 +171,17 @@ def participant(timeout: float) -> Participant:
         current = _participant = Participant(client, liveness, rank, namespace, store)
     current.client.timeout = timeout
     return current
+
+
+def group_decisions(group: ProcessGroup, scope: str, timeout: float) -> GroupDecisions:
+    """The decisions ``group`` keeps in the Store for the attempt, in ``scope`` (a
+    digest of what they depend on)."""
+    import torch.distributed as dist
+
+    return GroupDecisions(
+        participant(timeout),
+        group.group_name,
+        dist.get_process_group_ranks(group),
+        scope,
+        timeout,
+    )

@@ -43,7 +43,7 @@ from torch._inductor.kernel.collective.waits import (
     with_waits,
 )
 from torch._inductor.runtime.collective_decisions import digest
-from torch.distributed._store_session import describe
+from torch._inductor.runtime.collective_protocol import describe
 from torch.utils._pytree import tree_map_only
 
 if TYPE_CHECKING:

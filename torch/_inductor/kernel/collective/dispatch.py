@@ -43,7 +43,7 @@ from torch._inductor.kernel.collective.records import (
 )
 from torch._inductor.kernel.collective.waits import unwaited
 from torch._logging import trace_structured
-from torch.distributed._store_session import describe
+from torch._inductor.runtime.collective_protocol import describe
 
 log = logging.getLogger(__name__)
 

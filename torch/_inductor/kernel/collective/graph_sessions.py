@@ -51,17 +51,19 @@ from torch._inductor.runtime.collective_decisions import (
     group_scope,
     InlinedDecision,
 )
+from torch._inductor.runtime import collective_protocol
 from torch._inductor.runtime.collective_protocol import (
     CollectiveAutotuneError,
     CollectiveSession,
     Decision,
     DecisionKind,
+    GroupDecisions,
     Join,
     MalformedMessageError,
     participant,
     process_group_initialized,
+    WireMessage,
 )
-from torch.distributed._store_session import GroupDecisions, WireMessage
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -269,15 +271,7 @@ def _join(
 
 def group_decisions(group: ProcessGroup, timeout: float) -> GroupDecisions:
     """The decisions ``group`` keeps in the Store for the attempt, by environment."""
-    import torch.distributed as dist
-
-    return GroupDecisions(
-        participant(timeout),
-        group.group_name,
-        dist.get_process_group_ranks(group),
-        group_scope(group),
-        timeout,
-    )
+    return collective_protocol.group_decisions(group, group_scope(group), timeout)
 
 
 def _decide_graph(joins: list[Join]) -> Decision:
@@ -508,8 +502,7 @@ def _vote_key(session: GroupSession, report: SiteReport, work: KeyWork) -> SiteD
     if not (report.stored or report.decided):
         # The group can only time the choices: build them first, so one vote does.
         runnable = [n for n in report.choices if n not in report.failed]
-        liveness = session.session.participant.liveness
-        with liveness.working(f"compiling the choices of {topic}"):
+        with session.session.working(f"compiling the choices of {topic}"):
             report = dataclasses.replace(
                 report, failed={**work.build(runnable), **report.failed}, built=True
             )
@@ -670,9 +663,7 @@ def _built(
     session: GroupSession, topic: str, build: Build, labels: Sequence[str]
 ) -> dict[str, str]:
     """Build ``labels`` on this rank and vote: why each failed, on which ranks."""
-    with session.session.participant.liveness.working(
-        f"compiling the choices of {topic}"
-    ):
+    with session.session.working(f"compiling the choices of {topic}"):
         failures = build(labels)
     votes = session.session.vote(topic, failures)
     if not all(_reasons(vote) for vote in votes):

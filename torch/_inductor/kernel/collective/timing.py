@@ -32,7 +32,7 @@ from torch._inductor.kernel.collective.choices import (
     own_waits,
 )
 from torch._inductor.kernel.collective.waits import waited_call
-from torch.distributed._store_session import describe
+from torch._inductor.runtime.collective_protocol import describe
 from torch._inductor.runtime.collective_benchmarking import (
     BenchmarkSettings,
     Candidate,
