@@ -201,6 +201,9 @@ def run_job(job: str, mode: str, flow: str, choice: str, sizes: bool) -> dict:
             for phase in ("screen", "batches", "rounds", "reduce")
         },
         "probes": sorted({r.size for r in records if r.size is not None}),
+        # Inductor's and Dynamo's timed phases (dynamo_timed) over the first call and
+        # the steady calls: where the compile's seconds went, tuned against untuned.
+        "compile_phases_s": _compile_phases(),
         "paths": [p.path.value for p in api.collective_autotune_size_paths()],
     }
     if sizes:
@@ -219,6 +222,14 @@ def run_job(job: str, mode: str, flow: str, choice: str, sizes: bool) -> dict:
     return result
 
 
+def _compile_phases() -> dict[str, float]:
+    """Seconds per dynamo_timed phase so far in this process, the longest first."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = {name: sum(times) for name, times in compilation_time_metrics.items()}
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1])[:25])
+
+
 def _wall(fn: Any, x: torch.Tensor) -> float:
     began = time.perf_counter()
     fn(x)
@@ -229,14 +240,23 @@ def _wall(fn: Any, x: torch.Tensor) -> float:
 # -- the driver: every job in a fresh process -------------------------------------------
 
 
-def jobs(repeat: int) -> list[dict[str, str]]:
+def jobs(repeat: int, sizes: bool = True) -> list[dict[str, str]]:
+    """Every job of a card; without ``sizes`` only the compiles (no step times)."""
     # One process times every implementation written in, in each mode: no compile
     # time is read there.
-    listed = [
-        {"job": "written", "mode": "", "flow": "plain", "choice": "", "sizes": "1"}
-    ]
+    listed = (
+        [{"job": "written", "mode": "", "flow": "plain", "choice": "", "sizes": "1"}]
+        if sizes
+        else []
+    )
     listed += [
-        {"job": "tuned", "mode": m, "flow": f, "choice": "", "sizes": "1"}
+        {
+            "job": "tuned",
+            "mode": m,
+            "flow": f,
+            "choice": "",
+            "sizes": "1" if sizes else "",
+        }
         for m in MODES
         for f in FLOWS
     ]
@@ -253,9 +273,9 @@ def jobs(repeat: int) -> list[dict[str, str]]:
     return listed
 
 
-def drive(nproc: int, repeat: int, out: str) -> None:
+def drive(nproc: int, repeat: int, out: str, sizes: bool = True) -> None:
     results = []
-    for spec in jobs(repeat):
+    for spec in jobs(repeat, sizes):
         with tempfile.TemporaryDirectory() as cache:
             result_file = Path(cache) / "result.json"
             env = {
@@ -319,11 +339,24 @@ def report(results: list[dict]) -> dict:
             )
         tables[f"{r['mode']}/{r['flow']}"] = rows
     untuned = {r["mode"]: r["compile_s"] for r in results if r["job"] == "untuned"}
-    costs = {
-        f"{r['mode']}/{r['flow']}": r["compile_s"] - untuned[r["mode"]]
-        for r in results
-        if r["job"] == "tuned" and "step_us" in r and r["mode"] in untuned
-    }
+    costs: dict[str, float] = {}
+    phases: dict[str, dict[str, float]] = {}
+    for r in results:
+        name = f"{r['mode']}/{r['flow']}"
+        if r["job"] != "tuned" or r["mode"] not in untuned or name in costs:
+            continue
+        costs[name] = r["compile_s"] - untuned[r["mode"]]
+        # Where the tuned compile's extra seconds went, by dynamo_timed phase.
+        base = next(
+            u["compile_phases_s"]
+            for u in results
+            if u["job"] == "untuned" and u["mode"] == r["mode"]
+        )
+        phases[name] = {
+            k: v - base.get(k, 0.0)
+            for k, v in r["compile_phases_s"].items()
+            if abs(v - base.get(k, 0.0)) >= 0.05
+        }
     points = [
         r["points"]
         for r in results
@@ -335,6 +368,7 @@ def report(results: list[dict]) -> dict:
             (row["ratio"] for t in tables.values() for row in t), default=None
         ),
         "tuning_cost_s": costs,
+        "tuning_cost_by_phase_s": phases,
         "points_per_cold_job": points,
         "points_stable": all(p == points[0] for p in points),
         **header(torch.device("cuda")),
@@ -370,8 +404,13 @@ def markdown(card: dict) -> str:
         lines.append("")
     lines += ["## Compile cost of tuning (first call, cold, tuned minus untuned)", ""]
     lines += [f"- {k}: {v:+.2f} s" for k, v in card["tuning_cost_s"].items()]
+    for name, by_phase in card["tuning_cost_by_phase_s"].items():
+        lines.append(
+            f"- {name} by compile phase (tuned minus untuned): "
+            + ", ".join(f"{k} {v:+.2f} s" for k, v in by_phase.items())
+        )
     for r in card["results"]:
-        if r.get("job") == "tuned" and "step_us" in r:
+        if r.get("job") == "tuned" and "tuner_s" in r:
             lines.append(
                 f"- {r['mode']}/{r['flow']}: first call {r['compile_s']:.2f} s; tuner "
                 + ", ".join(f"{k} {v:.2f} s" for k, v in r["tuner_s"].items())
@@ -382,7 +421,7 @@ def markdown(card: dict) -> str:
                 + ")"
                 + f"; probes at {r['probes']}; skipping cudagraphs: "
                 f"{len(r['skipping_cudagraphs'])}; graphs after warm-up: "
-                f"{r['graphs_compiled_after_warm_up']}"
+                f"{r.get('graphs_compiled_after_warm_up', '-')}"
             )
     return "\n".join(lines) + "\n"
 
@@ -398,9 +437,12 @@ def main() -> None:
     parser.add_argument("--choice", default="")
     parser.add_argument("--sizes", default="")
     parser.add_argument("--result")
+    parser.add_argument(
+        "--compile-only", action="store_true", help="the compiles, no step times"
+    )
     args = parser.parse_args()
     if args.job is None:
-        drive(args.nproc, args.repeat, args.out)
+        drive(args.nproc, args.repeat, args.out, sizes=not args.compile_only)
         return
     from torch._inductor.kernel.custom_op import (
         CustomOpConfig,
