@@ -36,8 +36,13 @@ from test_collective_op_tuning_failing_choices import (
 )
 from test_collective_op_tuning_persistence import ZEROES_COSTS, zeroes_body
 from test_collective_op_tuning_graphs import (
+    cells_of,
+    DESIGNED_CELLS,
+    DESIGNED_WINNERS,
     forward_and_backward_body,
+    LADDER_SIZES,
     mixed_winner_layers,
+    probes_of,
 )
 
 
@@ -90,13 +95,15 @@ def check_each_size_ran_its_winner(test: CollectiveTestCase, result: dict) -> No
     test.assertGreater(result["uncompiled_choices"], 0)
     records = result["records"]
     test.assertEqual({r.mode for r in records}, {"graph"})
-    winners = {r.op.rsplit("_range_", 1)[1]: r.winner for r in records[:5]}
-    test.assertEqual(winners["1_1"], "per_row_cost", msg=str(winners))
-    test.assertEqual(winners["65_inf"], "default", msg=str(winners))
+    # The probes' winners and the cells between the crossovers, from the records' data
+    # (never from a range's generated name), as DesignedCosts gives them.
+    ladder = {m.size: m.winner for m in probes_of(records)}
+    test.assertEqual([ladder[n] for n in LADDER_SIZES], DESIGNED_WINNERS)
+    test.assertEqual(cells_of(records), DESIGNED_CELLS)
     # Under CUDA graphs only the first call of a size records (and marks): each size's
-    # winner ran there.
+    # winner ran there, 100 rows the opaque op (below the crossover at 120).
     test.assertEqual(result["ran"][2], ["per_row_cost"])
-    test.assertEqual(result["ran"][100], [])
+    test.assertEqual(result["ran"][100], ["opaque"])
 
 
 def graph_mode_one_op_body(r: Rank) -> list:
@@ -209,7 +216,9 @@ class TestOneGpu(CollectiveTestCase):
             )
         )
         self.assertEqual(result["frames"], 1)
-        self.assertEqual(len(result["records"]), 30)
+        # Three sites in the forward graph and three in the backward, each of the probes.
+        probes = len({r.size for r in result["records"]})
+        self.assertEqual(len(result["records"]), 6 * probes)
 
     def test_a_kept_decision_is_screened_again_on_one_gpu(self):
         env = {
@@ -252,9 +261,14 @@ class TestOneGpu(CollectiveTestCase):
         )
         self.assertEqual(record.mode, "graph")
         self.assertEqual(record.source, "benchmark")
-        self.assertTrue(
-            all(t.calls_per_sample >= 8 for t in record.timings if t.status == "ok")
-        )
+        # Samples are CUDA-graph batches: several calls each, and at least two for a
+        # choice whose one call lasts a sample.
+        ok = [t for t in record.timings if t.status == "ok"]
+        self.assertTrue(ok, msg=record)
+        for t in ok:
+            self.assertGreaterEqual(t.calls_per_sample, 2, msg=t)
+            if t.max_us < 100.0:
+                self.assertGreaterEqual(t.calls_per_sample, 8, msg=t)
 
     def test_an_in_place_dist_all_reduce_is_timed_and_wins_on_one_gpu(self):
         # NCCL: dist.all_reduce on the choice's own tensor, traced as a functional one.
