@@ -15,6 +15,8 @@ Runs self-spawned under plain pytest (gloo; NCCL where GPUs are present) and und
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch.testing._internal.common_utils import (
@@ -323,6 +325,45 @@ def _same_everywhere(test: TestCase, outcomes: list[dict]) -> dict:
     return outcomes[0]
 
 
+def check_cheapest_choice_wins(
+    test: TestCase,
+    body: Callable[..., dict],
+    cheapest: str,
+    world_size: int,
+    device: str,
+) -> dict:
+    """``body`` on ``world_size`` ranks with choice ``cheapest`` given the lowest cost:
+    every rank benchmarks and inlines it; rank 0's outcome."""
+    outcome = _same_everywhere(
+        test,
+        assert_all_ok(
+            run_ranks(
+                world_size,
+                body,
+                _tag(body.__name__.removesuffix("_body"), device, world_size),
+                device=device,
+                timing=Costs({cheapest: 5.0}),
+            )
+        ),
+    )
+    ((_, decision, winner, _),) = outcome["records"]
+    test.assertEqual(decision, "benchmark")
+    test.assertEqual(winner, cheapest)
+    return outcome
+
+
+def check_in_place_choice_wins(test: TestCase, world_size: int, device: str) -> None:
+    """:func:`in_place_body`: the in-place choice is timed beside the others and,
+    given the lowest cost, wins on every rank."""
+    outcome = check_cheapest_choice_wins(
+        test, in_place_body, "dist_all_reduce", world_size, device
+    )
+    test.assertEqual(
+        outcome["timed"][0],
+        [("default", "ok"), ("dist_all_reduce", "ok"), ("functional", "ok")],
+    )
+
+
 class TestUpstreamPatterns(TestCase):
     """Upstream's test file's patterns, the value checked on every rank."""
 
@@ -331,22 +372,11 @@ class TestUpstreamPatterns(TestCase):
     def test_equivalent_allreduce_strategies(
         self, device: str, world_size: int
     ) -> None:
-        tag = _tag("equiv", device, world_size)
-        outcome = _same_everywhere(
-            self,
-            assert_all_ok(
-                run_ranks(
-                    world_size,
-                    equivalent_strategies_body,
-                    tag,
-                    device=device,
-                    timing=Costs({"avg_allreduce_scaled": 5.0}),
-                )
-            ),
+        # Both unwaited strategies are now benchmarked, beside the op's own, and the
+        # one given the lowest cost wins, waited for where its author left the wait out.
+        outcome = check_cheapest_choice_wins(
+            self, equivalent_strategies_body, "avg_allreduce_scaled", world_size, device
         )
-        ((_, decision, winner, _),) = outcome["records"]
-        # Both unwaited strategies are now benchmarked, beside the op's own.
-        self.assertEqual(decision, "benchmark")
         self.assertEqual(
             outcome["timed"][0],
             [
@@ -355,34 +385,12 @@ class TestUpstreamPatterns(TestCase):
                 ("sum_allreduce", "ok"),
             ],
         )
-        # The choice given the lowest cost wins, waited for where its author left the
-        # wait out.
-        self.assertEqual(winner, "avg_allreduce_scaled")
 
     @parametrize("device", DEVICE_CASES)
     def test_an_in_place_dist_all_reduce_is_timed_and_wins_where_fastest(
         self, device: str
     ) -> None:
-        tag = _tag("in_place", device, 2)
-        outcome = _same_everywhere(
-            self,
-            assert_all_ok(
-                run_ranks(
-                    2,
-                    in_place_body,
-                    tag,
-                    device=device,
-                    timing=Costs({"dist_all_reduce": 5.0}),
-                )
-            ),
-        )
-        ((_, decision, winner, _),) = outcome["records"]
-        self.assertEqual(decision, "benchmark")
-        self.assertEqual(
-            outcome["timed"][0],
-            [("default", "ok"), ("dist_all_reduce", "ok"), ("functional", "ok")],
-        )
-        self.assertEqual(winner, "dist_all_reduce")
+        check_in_place_choice_wins(self, 2, device)
 
     @parametrize("world_size", [2, 4])
     @parametrize("device", DEVICE_CASES)

@@ -22,14 +22,13 @@ from collective_harness import (
     CollectiveTestCase,
     assert_all_ok,
     compile_and_check,
-    Costs,
     Rank,
     REAL,
     run_ranks,
 )
 from collective_scenarios import decision_files, NO_GRAPH_CACHES
 from test_collective_op_tuning import check_agreement, one_op_body
-from test_collective_op_tuning_conformance import in_place_body
+from test_collective_op_tuning_conformance import check_in_place_choice_wins
 from test_collective_op_tuning_failing_choices import (
     stuck_then_eager_body,
     writes_input_body,
@@ -272,23 +271,7 @@ class TestOneGpu(CollectiveTestCase):
 
     def test_an_in_place_dist_all_reduce_is_timed_and_wins_on_one_gpu(self):
         # NCCL: dist.all_reduce on the choice's own tensor, traced as a functional one.
-        (outcome,) = assert_all_ok(
-            run_ranks(
-                1,
-                in_place_body,
-                "in_place_gpu",
-                device="cuda",
-                timing=Costs({"dist_all_reduce": 5.0}),
-            )
-        )
-        self.assertLess(outcome["error"], 1e-3, msg=outcome)
-        ((_, decision, winner, _),) = outcome["records"]
-        self.assertEqual(decision, "benchmark")
-        self.assertEqual(
-            outcome["timed"][0],
-            [("default", "ok"), ("dist_all_reduce", "ok"), ("functional", "ok")],
-        )
-        self.assertEqual(winner, "dist_all_reduce")
+        check_in_place_choice_wins(self, 1, "cuda")
 
     def test_after_a_choice_stuck_on_the_gpu_the_users_group_still_works(self):
         # Stuck on the device past the timeout: the timing group's communicator is
