@@ -449,10 +449,14 @@ class CollectiveBenchmarker:
             return timing_group(group, timeout, held)
         generation = max(r.newest for r in said)
         failures: list[str] = []
-        for attempt in range(_TIMING_GROUP_ATTEMPTS):
+        for _ in range(_TIMING_GROUP_ATTEMPTS):
             generation += 1
+            # Heard while connecting: a loaded host's connect outlasts the timeout's
+            # silence, and gloo bounds it (its own timeout, per peer).
+            connecting = self.session.working(f"{doing}: connecting its own group")
             try:
-                made, why = timing_group(group, timeout, generation), ""
+                with connecting:
+                    made, why = timing_group(group, timeout, generation), ""
             except Exception as e:
                 log.debug("making the timing group failed", exc_info=True)
                 discard(group, timeout)
