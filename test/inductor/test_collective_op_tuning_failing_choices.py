@@ -230,6 +230,36 @@ def refused_connection_body(r: Rank) -> dict:
     }
 
 
+def slow_connection_body(r: Rank, timeout_s: float) -> dict:
+    """Rank 1 is slow to connect the benchmark's first timing group (a loaded host),
+    longer than the timeout's silence, while rank 0 gives up on that group: rank 1 is
+    heard while it connects, and the two make the next one together."""
+    from unittest import mock
+
+    from torch._inductor.runtime import collective_timing_group
+
+    made = collective_timing_group._made
+    slowed: list[int] = []
+
+    def slow_once(group, timeout, generation):
+        if r.rank == 1 and not slowed:
+            slowed.append(generation)
+            time.sleep(timeout_s + 5.0)
+        return made(group, timeout, generation)
+
+    register_two_choices()
+    group = r.group.group_name
+    begin = time.monotonic()
+    with (
+        mock.patch.object(collective_timing_group, "_made", slow_once),
+        patched_timeout(timeout_s),
+    ):
+        records = compile_and_check(
+            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
+        )
+    return {"records": records, "s": time.monotonic() - begin}
+
+
 class TestFailingChoices(CollectiveTestCase):
     @parametrize("device", DEVICE_CASES)
     def test_choice_that_cannot_be_built_on_one_rank_is_dropped_everywhere(
@@ -419,6 +449,14 @@ class TestFailingChoices(CollectiveTestCase):
             self.assertEqual(record.decision, "benchmark", msg=record)
             self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
             self.assertEqual(result["after"], [2.0, 2.0])
+
+    def test_a_rank_slow_to_connect_the_timing_group_is_waited_for(self):
+        timeout = 8.0  # short: the test waits out several of gloo's connect timeouts
+        for result in assert_all_ok(run_ranks(2, slow_connection_body, timeout)):
+            (record,) = result["records"]
+            self.assertEqual(record.decision, "benchmark", msg=record)
+            # The slow connect, the failed one it left its peer, one more: bounded.
+            self.assertLess(result["s"], 6 * timeout + COMPILE_MARGIN_S)
 
 
 instantiate_parametrized_tests(TestFailingChoices)
