@@ -201,6 +201,8 @@ def refused_connection_body(r: Rank) -> dict:
 
     from torch._inductor.runtime import collective_timing_group
 
+    # Under torchrun a timing group of an earlier test may be held: start without.
+    collective_timing_group.discard(r.group, TIMING_GROUP_TIMEOUT_S)
     made = collective_timing_group._made
     refused: list[int] = []
 
@@ -227,6 +229,7 @@ def refused_connection_body(r: Rank) -> dict:
         "records": records,
         "s": time.monotonic() - begin,
         "after": after.cpu().tolist(),
+        "refused": refused,
     }
 
 
@@ -238,6 +241,7 @@ def slow_connection_body(r: Rank, timeout_s: float) -> dict:
 
     from torch._inductor.runtime import collective_timing_group
 
+    collective_timing_group.discard(r.group, timeout_s)  # as in refused_connection_body
     made = collective_timing_group._made
     slowed: list[int] = []
 
@@ -257,7 +261,7 @@ def slow_connection_body(r: Rank, timeout_s: float) -> dict:
         records = compile_and_check(
             lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
         )
-    return {"records": records, "s": time.monotonic() - begin}
+    return {"records": records, "s": time.monotonic() - begin, "slowed": slowed}
 
 
 class TestFailingChoices(CollectiveTestCase):
@@ -444,15 +448,19 @@ class TestFailingChoices(CollectiveTestCase):
             self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
 
     def test_a_timing_group_one_rank_failed_to_join_is_made_again(self):
-        for result in assert_all_ok(run_ranks(2, refused_connection_body)):
+        results = assert_all_ok(run_ranks(2, refused_connection_body))
+        for result in results:
             (record,) = result["records"]
             self.assertEqual(record.decision, "benchmark", msg=record)
             self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
             self.assertEqual(result["after"], [2.0, 2.0])
+        self.assertTrue(results[1]["refused"], msg="the planted failure never ran")
 
     def test_a_rank_slow_to_connect_the_timing_group_is_waited_for(self):
         timeout = 8.0  # short: the test waits out several of gloo's connect timeouts
-        for result in assert_all_ok(run_ranks(2, slow_connection_body, timeout)):
+        results = assert_all_ok(run_ranks(2, slow_connection_body, timeout))
+        self.assertTrue(results[1]["slowed"], msg="the planted slow connect never ran")
+        for result in results:
             (record,) = result["records"]
             self.assertEqual(record.decision, "benchmark", msg=record)
             # The slow connect, the failed one it left its peer, one more: bounded.
