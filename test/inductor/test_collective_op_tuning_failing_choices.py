@@ -193,23 +193,28 @@ def one_sided_discard_body(r: Rank) -> dict:
     return {"records": records, "s": time.monotonic() - begin}
 
 
-def refused_connection_body(r: Rank) -> dict:
-    """Rank 1's half of the first timing group fails after it connected (a connection
-    closed under load), while rank 0's connected: the group makes a new one
-    together, and the benchmark goes on."""
+def planted_connect_body(r: Rank, fault: str, timeout_s: float) -> dict:
+    """Rank 1's first connect of a timing group meets ``fault``: "refused", its half
+    fails after its peer's connected (a connection closed under load); "slow", it
+    starts past the timeout's silence while its peer gives up on that group. The
+    group makes the next one together and the benchmark goes on; the user's group
+    still all-reduces. Starts without a held timing group (under torchrun an earlier
+    test's may be held) and says whether the fault ran."""
     from unittest import mock
 
     from torch._inductor.runtime import collective_timing_group
 
-    # Under torchrun a timing group of an earlier test may be held: start without.
-    collective_timing_group.discard(r.group, TIMING_GROUP_TIMEOUT_S)
+    collective_timing_group.discard(r.group, timeout_s)
     made = collective_timing_group._made
-    refused: list[int] = []
+    planted: list[int] = []
 
-    def once_refused(group, timeout, generation):
+    def once(group, timeout, generation):
+        first = r.rank == 1 and not planted
+        planted.append(generation)
+        if first and fault == "slow":
+            time.sleep(timeout_s + 5.0)
         timing = made(group, timeout, generation)
-        if r.rank == 1 and not refused:
-            refused.append(generation)
+        if first and fault == "refused":
             raise RuntimeError("Connection closed by peer (planted)")
         return timing
 
@@ -217,8 +222,8 @@ def refused_connection_body(r: Rank) -> dict:
     group = r.group.group_name
     begin = time.monotonic()
     with (
-        mock.patch.object(collective_timing_group, "_made", once_refused),
-        patched_timeout(TIMING_GROUP_TIMEOUT_S),
+        mock.patch.object(collective_timing_group, "_made", once),
+        patched_timeout(timeout_s),
     ):
         records = compile_and_check(
             lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
@@ -229,39 +234,8 @@ def refused_connection_body(r: Rank) -> dict:
         "records": records,
         "s": time.monotonic() - begin,
         "after": after.cpu().tolist(),
-        "refused": refused,
+        "planted": bool(planted) and r.rank == 1,
     }
-
-
-def slow_connection_body(r: Rank, timeout_s: float) -> dict:
-    """Rank 1 is slow to connect the benchmark's first timing group (a loaded host),
-    longer than the timeout's silence, while rank 0 gives up on that group: rank 1 is
-    heard while it connects, and the two make the next one together."""
-    from unittest import mock
-
-    from torch._inductor.runtime import collective_timing_group
-
-    collective_timing_group.discard(r.group, timeout_s)  # as in refused_connection_body
-    made = collective_timing_group._made
-    slowed: list[int] = []
-
-    def slow_once(group, timeout, generation):
-        if r.rank == 1 and not slowed:
-            slowed.append(generation)
-            time.sleep(timeout_s + 5.0)
-        return made(group, timeout, generation)
-
-    register_two_choices()
-    group = r.group.group_name
-    begin = time.monotonic()
-    with (
-        mock.patch.object(collective_timing_group, "_made", slow_once),
-        patched_timeout(timeout_s),
-    ):
-        records = compile_and_check(
-            lambda x: ops.all_reduce(x, group), torch.randn(8, 8, device=r.device)
-        )
-    return {"records": records, "s": time.monotonic() - begin, "slowed": slowed}
 
 
 class TestFailingChoices(CollectiveTestCase):
@@ -447,24 +421,18 @@ class TestFailingChoices(CollectiveTestCase):
             # Agreed in the Store: nobody waited out a timeout on the other's group.
             self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
 
-    def test_a_timing_group_one_rank_failed_to_join_is_made_again(self):
-        results = assert_all_ok(run_ranks(2, refused_connection_body))
+    @parametrize("fault", ["refused", "slow"])
+    def test_a_timing_group_one_rank_could_not_join_is_made_again(self, fault: str):
+        # Short: "slow" waits out several of gloo's connect timeouts.
+        timeout = 8.0
+        results = assert_all_ok(run_ranks(2, planted_connect_body, fault, timeout))
+        self.assertTrue(results[1]["planted"], msg="the planted fault never ran")
         for result in results:
             (record,) = result["records"]
             self.assertEqual(record.decision, "benchmark", msg=record)
-            self.assertLess(result["s"], TIMING_GROUP_TIMEOUT_S + COMPILE_MARGIN_S)
-            self.assertEqual(result["after"], [2.0, 2.0])
-        self.assertTrue(results[1]["refused"], msg="the planted failure never ran")
-
-    def test_a_rank_slow_to_connect_the_timing_group_is_waited_for(self):
-        timeout = 8.0  # short: the test waits out several of gloo's connect timeouts
-        results = assert_all_ok(run_ranks(2, slow_connection_body, timeout))
-        self.assertTrue(results[1]["slowed"], msg="the planted slow connect never ran")
-        for result in results:
-            (record,) = result["records"]
-            self.assertEqual(record.decision, "benchmark", msg=record)
-            # The slow connect, the failed one it left its peer, one more: bounded.
+            # The fault, the failed connect it left the peer, one more: bounded.
             self.assertLess(result["s"], 6 * timeout + COMPILE_MARGIN_S)
+            self.assertEqual(result["after"], [2.0, 2.0])
 
 
 instantiate_parametrized_tests(TestFailingChoices)

@@ -457,9 +457,8 @@ class CollectiveBenchmarker:
             try:
                 with connecting:
                     made, why = timing_group(group, timeout, generation), ""
-            except Exception as e:
+            except Exception as e:  # this rank holds none now: discarded before
                 log.debug("making the timing group failed", exc_info=True)
-                discard(group, timeout)
                 made, why = None, describe(e)[:300]
             reports = self.session.vote(f"{doing}/timing group {generation}", why)
             failures = [f"group rank {r}: {w}" for r, w in enumerate(reports) if w]
